@@ -1,0 +1,88 @@
+"""asyncsandbox: run untrusted, model-written code in isolated sandboxes, thousands at a
+time, from one async process (asyncio or trio)."""
+
+from ._config import (
+    Limits as Limits,
+    Resources as Resources,
+    RetryPolicy as RetryPolicy,
+    SandboxDefaults as SandboxDefaults,
+    Timeouts as Timeouts,
+)
+from ._errors import (
+    BackendNotFound as BackendNotFound,
+    BackendTimeout as BackendTimeout,
+    BackendUnavailable as BackendUnavailable,
+    CapacityTimeout as CapacityTimeout,
+    CommandError as CommandError,
+    ExecFailed as ExecFailed,
+    ExecTimeout as ExecTimeout,
+    FileErrorReason as FileErrorReason,
+    InfrastructureError as InfrastructureError,
+    InvalidArgument as InvalidArgument,
+    OperationCancelled as OperationCancelled,
+    SandboxClosed as SandboxClosed,
+    SandboxDied as SandboxDied,
+    SandboxError as SandboxError,
+    SandboxFileError as SandboxFileError,
+    SandboxNotFound as SandboxNotFound,
+    SandboxOOMKilled as SandboxOOMKilled,
+)
+from ._limits import LimiterStatistics as LimiterStatistics
+from ._models import (
+    ExecResult as ExecResult,
+    OutputChunk as OutputChunk,
+    SandboxInfo as SandboxInfo,
+    SandboxStatus as SandboxStatus,
+)
+from ._operations import Operation as Operation, as_completed as as_completed, wait as wait
+from ._registry import available_backends as available_backends
+from ._sandbox import ExecStream as ExecStream, Sandbox as Sandbox
+from ._session import Session as Session, SessionStatistics as SessionStatistics
+
+__all__ = (
+    # running sandboxes
+    "Session",
+    "Sandbox",
+    "ExecStream",
+    "Operation",
+    "wait",
+    "as_completed",
+    "available_backends",
+    # configuration
+    "SandboxDefaults",
+    "Resources",
+    "Limits",
+    "Timeouts",
+    "RetryPolicy",
+    # results
+    "ExecResult",
+    "OutputChunk",
+    "SandboxInfo",
+    "SandboxStatus",
+    "SessionStatistics",
+    "LimiterStatistics",
+    # errors
+    "SandboxError",
+    "InvalidArgument",
+    "BackendNotFound",
+    "SandboxClosed",
+    "SandboxNotFound",
+    "OperationCancelled",
+    "CommandError",
+    "ExecTimeout",
+    "ExecFailed",
+    "FileErrorReason",
+    "SandboxFileError",
+    "InfrastructureError",
+    "CapacityTimeout",
+    "BackendUnavailable",
+    "BackendTimeout",
+    "SandboxDied",
+    "SandboxOOMKilled",
+)
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("asyncsandbox._"):
+        _obj.__module__ = "asyncsandbox"
+del _name, _obj

@@ -1,0 +1,157 @@
+"""Configuration structs: what a sandbox looks like, how much may run at once, how long
+infrastructure calls may take. All are frozen msgspec Structs that reject unknown fields
+(so a typo such as ``imgae=`` is an error, not a silent default) and validate on
+construction as well as on ``msgspec.convert`` from a dict or a config file."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from . import _validate as check
+
+__all__ = ("Resources", "SandboxDefaults", "Limits", "Timeouts", "RetryPolicy")
+
+Network = Literal["none", "host"]
+NETWORK_MODES: tuple[Network, ...] = ("none", "host")
+
+
+class _Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    def replace(self, **changes: Any) -> Any:
+        """A copy with ``changes`` applied (validated like a new instance)."""
+        return msgspec.structs.replace(self, **changes)
+
+
+class Resources(_Config):
+    """Resource limits of one sandbox. ``None`` means "no limit"."""
+
+    cpus: float | None = None
+    """CPU time, in cores (1.5 = one and a half cores)."""
+    memory_mb: int | None = 1024
+    """Memory of the whole sandbox, in MiB; exceeding it OOM-kills the offending process."""
+    pids: int | None = 512
+    """Maximum number of processes and threads in the sandbox (contains fork bombs)."""
+
+    def __post_init__(self) -> None:
+        if self.cpus is not None:
+            cpus = check.seconds("cpus", self.cpus)  # same rules: finite, >= 0
+            if not cpus:
+                raise check.InvalidArgument("cpus must be > 0 or None")
+        check.positive_int("memory_mb", self.memory_mb, allow_none=True)
+        check.positive_int("pids", self.pids, allow_none=True)
+
+
+class SandboxDefaults(_Config):
+    """What a new sandbox looks like; ``session.sandbox(**overrides)`` changes single fields.
+
+    On override, ``tags`` and ``env`` are merged with the defaults (tags appended, env
+    keys replaced); every other field is replaced.
+    """
+
+    image: str | None = None
+    """Image to run. Docker: an image reference. Process backend: ``None`` (a read-only view
+    of the host system) or the path of a root filesystem directory."""
+    tags: tuple[str, ...] = ()
+    """Labels for finding sandboxes later (``session.list(tags=...)``); all must match."""
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    """Environment variables for every command."""
+    workdir: str = "/workspace"
+    """Working directory of commands and base of relative paths; created on start."""
+    resources: Resources = msgspec.field(default_factory=Resources)
+    network: Network = "none"
+    """``"none"``: no network at all (loopback only). ``"host"``: the host's network."""
+    max_lifetime: float | None = 3600.0
+    """Seconds after which the sandbox is removed even if its owner forgot (or crashed)."""
+    max_output_bytes: int = 1024 * 1024
+    """Per stream and exec: output kept in memory beyond this is cut from the middle."""
+
+    def __post_init__(self) -> None:
+        if self.image is not None:
+            if not isinstance(self.image, str) or not self.image:
+                raise check.InvalidArgument(f"image must be a non-empty str or None, got {self.image!r}")
+            check.no_nul("image", self.image)
+        msgspec.structs.force_setattr(self, "tags", check.tags(self.tags))
+        msgspec.structs.force_setattr(self, "env", check.env("env", self.env))
+        if not isinstance(self.workdir, str) or not self.workdir.startswith("/"):
+            raise check.InvalidArgument(f"workdir must be an absolute path, got {self.workdir!r}")
+        msgspec.structs.force_setattr(
+            self, "workdir", check.sandbox_path("workdir", self.workdir, workdir="/")
+        )
+        if not isinstance(self.resources, Resources):
+            raise check.InvalidArgument(f"resources must be a Resources, got {self.resources!r}")
+        check.choice("network", self.network, NETWORK_MODES)
+        check.seconds("max_lifetime", self.max_lifetime)
+        if self.max_lifetime == 0:
+            raise check.InvalidArgument("max_lifetime must be > 0 or None")
+        check.positive_int("max_output_bytes", self.max_output_bytes)
+
+    def merged(self, overrides: dict[str, Any]) -> SandboxDefaults:
+        """These defaults with per-sandbox ``overrides`` applied (see the class docstring)."""
+        unknown = set(overrides) - set(self.__struct_fields__)
+        if unknown:
+            raise check.InvalidArgument(
+                f"unknown sandbox option(s): {', '.join(sorted(unknown))}; "
+                f"known: {', '.join(self.__struct_fields__)}"
+            )
+        changes = dict(overrides)
+        if "tags" in changes:
+            changes["tags"] = self.tags + check.tags(changes["tags"])
+        if "env" in changes:
+            changes["env"] = {**self.env, **check.env("env", changes["env"])}
+        return self.replace(**changes) if changes else self
+
+
+class Limits(_Config):
+    """How much a Session lets run at once. Waiting is first-come, first-served and shows in
+    ``session.statistics()``. ``None`` means unbounded."""
+
+    max_live: int | None = 512
+    """Sandboxes alive at once (from the start of their creation to the end of removal)."""
+    max_lifecycle: int = 8
+    """Concurrent create and remove calls. Protects daemons that wedge under bursts."""
+    max_execs: int | None = 256
+    """Concurrent commands and file transfers over all sandboxes of the session."""
+    capacity_timeout: float | None = None
+    """Longest wait for any slot before :class:`CapacityTimeout`; ``None`` waits forever."""
+
+    def __post_init__(self) -> None:
+        check.positive_int("max_live", self.max_live, allow_none=True)
+        check.positive_int("max_lifecycle", self.max_lifecycle)
+        check.positive_int("max_execs", self.max_execs, allow_none=True)
+        check.seconds("capacity_timeout", self.capacity_timeout)
+
+
+class Timeouts(_Config):
+    """Deadlines, in seconds, of infrastructure calls (never of your commands: that is
+    ``exec(timeout=...)``). Exceeding one raises :class:`BackendTimeout`. ``None``: no limit."""
+
+    create: float | None = 300.0
+    """Creating and starting a sandbox, image pulls included."""
+    remove: float | None = 60.0
+    operation: float | None = 60.0
+    """Listing, inspecting and other short calls."""
+    cleanup: float = 30.0
+    """How long cleanup may take when it runs shielded from cancellation (on exit paths)."""
+
+    def __post_init__(self) -> None:
+        for name in ("create", "remove", "operation"):
+            check.seconds(name, getattr(self, name))
+        if not check.seconds("cleanup", self.cleanup, allow_none=False):
+            raise check.InvalidArgument("cleanup must be > 0")
+
+
+class RetryPolicy(_Config):
+    """Retries of lifecycle calls that failed with a *retryable* infrastructure error.
+    Commands are never retried: running one twice is not the same as running it once."""
+
+    attempts: int = 4
+    """Total tries, the first included (1 disables retries)."""
+    backoff: float = 0.25
+    """First delay; it doubles on each retry, with full jitter, up to ``max_backoff``."""
+    max_backoff: float = 5.0
+
+    def __post_init__(self) -> None:
+        check.positive_int("attempts", self.attempts)
+        check.seconds("backoff", self.backoff, allow_none=False)
+        check.seconds("max_backoff", self.max_backoff, allow_none=False)

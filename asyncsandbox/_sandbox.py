@@ -1,0 +1,478 @@
+"""Sandbox: one isolated environment that persists across the commands of an episode."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager, suppress
+from os import PathLike
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, TypeVar, final
+
+import anyio
+import structlog
+from anyio import TypedAttributeLookupError
+
+from . import _archive, _validate as check
+from ._config import SandboxDefaults
+from ._errors import (
+    ExecFailed,
+    ExecTimeout,
+    InvalidArgument,
+    SandboxClosed,
+    SandboxDied,
+    SandboxError,
+)
+from ._models import ExecResult, OutputChunk, SandboxInfo, Stream
+from ._output import BoundedBuffer
+from ._util import single_error
+from .abc import ExitStatus, SandboxHandle
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+__all__ = ("ExecStream", "Sandbox")
+
+logger = structlog.get_logger("asyncsandbox")
+
+T = TypeVar("T")
+T_Attr = TypeVar("T_Attr")
+
+DEFAULT_READ_LIMIT = 100 * 1024 * 1024
+
+# Lifecycle states. A Sandbox only moves forward through them.
+_NEW, _STARTING, _RUNNING, _STOPPING, _CLOSED = "new", "starting", "running", "stopping", "closed"
+
+
+class _ExecArgs:
+    __slots__ = ("argv", "cwd", "env", "stdin", "timeout", "check", "limit")
+
+    def __init__(self, sandbox: Sandbox, argv: object, cwd: object, env: object, stdin: object,
+                 timeout: object, check_: object, max_output_bytes: object) -> None:
+        config = sandbox.config
+        self.argv = check.argv(argv)
+        self.cwd = config.workdir if cwd is None else check.sandbox_path("cwd", cwd, workdir=config.workdir)
+        self.env = {**config.env, **check.env("env", env)}
+        self.stdin = check.stdin(stdin)
+        self.timeout = check.seconds("timeout", timeout)
+        if not isinstance(check_, bool):
+            raise InvalidArgument(f"check must be a bool, got {check_!r}")
+        self.check = check_
+        limit = config.max_output_bytes if max_output_bytes is None else max_output_bytes
+        self.limit = check.positive_int("max_output_bytes", limit)
+
+
+@final
+class Sandbox:
+    """An isolated environment; commands and files persist in it until it is stopped.
+
+    Get one from :meth:`Session.sandbox`. Use it as an async context manager (started on
+    enter, removed on every exit path), or call :meth:`start` and :meth:`stop` yourself;
+    a sandbox that is used before it was started starts itself. Its Session removes it at
+    the latest when the session closes.
+
+    All methods are safe to call from many tasks at once (commands run concurrently).
+    """
+
+    def __init__(self, session: Session, config: SandboxDefaults) -> None:
+        self._session = session
+        self.config = config
+        """The effective settings of this sandbox (the session defaults plus overrides)."""
+        self._state = _NEW
+        self._handle: SandboxHandle | None = None
+        self._start_lock = anyio.Lock()
+        self._dead: SandboxDied | None = None
+        self._scopes: set[anyio.CancelScope] = set()
+        self._log = logger.bind(session_id=session.id)
+        self._execs = 0
+        self.started_at: float | None = None
+        """``time.time()`` when the sandbox became ready."""
+        self.startup_seconds: float | None = None
+        """How long creating and starting it took."""
+
+    # -- identity and state -------------------------------------------------------------
+
+    @property
+    def id(self) -> str | None:
+        """The backend's id, once started."""
+        return None if self._handle is None else self._handle.id
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return self.config.tags
+
+    @property
+    def state(self) -> str:
+        """``new``, ``starting``, ``running``, ``stopping`` or ``closed``."""
+        return self._state
+
+    @property
+    def exec_count(self) -> int:
+        """Commands started in this sandbox so far."""
+        return self._execs
+
+    def extra(self, attribute: T_Attr, default: Any = TypedAttributeLookupError) -> T_Attr:
+        """A backend-specific typed attribute of the started sandbox (see ``asyncsandbox.abc``)."""
+        if self._handle is None:
+            raise SandboxClosed("the sandbox is not started")
+        if default is TypedAttributeLookupError:
+            return self._handle.extra(attribute)
+        return self._handle.extra(attribute, default)
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.id or '(not started)'} {self._state}>"
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> Self:
+        """Create and start the sandbox, waiting for capacity first; no-op when running.
+
+        Concurrent calls start it once. Raises :class:`SandboxClosed` after :meth:`stop`.
+
+        Cancellation: a cancelled start leaves nothing behind (the backend undoes a half
+        created sandbox) and the sandbox can be started again.
+        """
+        if self._state == _RUNNING:
+            return self
+        async with self._start_lock:
+            if self._state == _RUNNING:
+                return self
+            if self._state in (_STOPPING, _CLOSED):
+                raise SandboxClosed("the sandbox was stopped")
+            self._state = _STARTING
+            try:
+                # stop() cancels this scope: a start waiting for capacity gives up at once.
+                with anyio.CancelScope() as scope:
+                    self._scopes.add(scope)
+                    try:
+                        self._handle = await self._session._create(self)
+                    finally:
+                        self._scopes.discard(scope)
+            except BaseException:
+                if self._state == _STARTING:
+                    self._state = _NEW
+                raise
+            if self._handle is None:
+                raise SandboxClosed("the sandbox was stopped while it started")
+            if self._state == _STARTING:  # else stop() is waiting for this lock to remove it
+                self._state = _RUNNING
+            self._log = self._log.bind(sandbox_id=self._handle.id)
+        return self
+
+    async def stop(self) -> None:
+        """Remove the sandbox: kill its commands, delete its files, release its slot.
+
+        Idempotent, and it always releases: like ``trio.abc.AsyncResource.aclose``, an
+        error means the removal was not graceful, never that the sandbox was kept (the
+        backend's own expiry and ``asyncsandbox gc`` are the backstops). Commands still
+        running in it raise :class:`SandboxClosed`.
+
+        Cancellation: runs shielded, bounded by ``Timeouts.remove``.
+        """
+        if self._state == _CLOSED:
+            return
+        self._state = _STOPPING
+        for scope in list(self._scopes):
+            scope.cancel()
+        # Shielded: the sandbox must go even when our caller is being cancelled.
+        with anyio.CancelScope(shield=True):
+            async with self._start_lock:  # a concurrent start() finishes (or fails) first
+                handle, self._handle = self._handle, None
+                self._state = _CLOSED
+                if handle is not None:
+                    await self._session._remove(self, handle)
+
+    aclose = stop
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def info(self) -> SandboxInfo:
+        """The backend's current description of this sandbox."""
+        handle = await self._live_handle()
+        return await self._session._operation("inspect", handle.inspect, sandbox=self)
+
+    # -- commands -----------------------------------------------------------------------
+
+    async def exec(
+        self,
+        argv: list[str] | tuple[str, ...],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+        max_output_bytes: int | None = None,
+    ) -> ExecResult:
+        """Run ``argv`` (a program and its arguments, no shell) and return its result.
+
+        :param cwd: working directory; relative paths are under ``config.workdir``.
+        :param env: extra environment variables (on top of the sandbox's ``env``).
+        :param stdin: bytes (or str, encoded as UTF-8) fed to the command; ``None``: empty.
+        :param timeout: the command's own limit in seconds. When it expires, every process
+            the command started is killed and :class:`ExecTimeout` (a ``TimeoutError``) is
+            raised with the output so far. ``None``: no limit.
+        :param check: raise :class:`ExecFailed` when the exit status is not 0.
+        :param max_output_bytes: per stream; longer output keeps its first and last bytes
+            (``stdout_truncated``). Default: ``config.max_output_bytes``.
+
+        When the command's main process exits, processes it left running in the
+        background are killed: a command owns everything it starts.
+
+        Cancellation: the command is killed (whole process tree) before the cancellation
+        propagates.
+        """
+        args = _ExecArgs(self, argv, cwd, env, stdin, timeout, check, max_output_bytes)
+        buffers = {"stdout": BoundedBuffer(args.limit), "stderr": BoundedBuffer(args.limit)}
+
+        async def on_output(stream: Stream, data: bytes) -> None:
+            buffers[stream].write(data)
+
+        return await self._run(args, buffers, on_output)
+
+    @asynccontextmanager
+    async def exec_stream(
+        self,
+        argv: list[str] | tuple[str, ...],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+        max_output_bytes: int | None = None,
+    ) -> AsyncIterator[ExecStream]:
+        """Run ``argv`` and receive its output as it comes::
+
+            async with sandbox.exec_stream(["pytest", "-x"], timeout=600) as run:
+                async for chunk in run:
+                    print(chunk.stream, chunk.text, end="")
+                result = await run.wait()
+
+        Arguments are those of :meth:`exec`. Output is delivered unbounded to the
+        iterator (a slow reader slows the command down, never our memory) and bounded in
+        the final result. Leaving the block before the command finished kills it.
+
+        Cancellation: as for :meth:`exec`.
+        """
+        args = _ExecArgs(self, argv, cwd, env, stdin, timeout, check, max_output_bytes)
+        buffers = {"stdout": BoundedBuffer(args.limit), "stderr": BoundedBuffer(args.limit)}
+        send, receive = anyio.create_memory_object_stream[OutputChunk](16)
+        stream = ExecStream(receive)
+
+        async def on_output(name: Stream, data: bytes) -> None:
+            buffers[name].write(data)
+            # The reader may have left the block; the command is being killed then.
+            with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await send.send(OutputChunk(name, data))
+
+        async def run() -> None:
+            async with send:
+                try:
+                    stream._result = await self._run(args, buffers, on_output)
+                except Exception as exc:  # delivered by stream.wait(), not by the task group
+                    stream._error = exc
+
+        with single_error():
+            async with anyio.create_task_group() as tg, receive:
+                tg.start_soon(run)
+                yield stream
+                tg.cancel_scope.cancel()
+
+    async def _run(
+        self,
+        args: _ExecArgs,
+        buffers: dict[str, BoundedBuffer],
+        on_output: Callable[[Stream, bytes], Any],
+    ) -> ExecResult:
+        session = self._session
+        handle = await self._live_handle()
+        async with session._exec_slot():
+            self._execs += 1
+            session._exec_started(self)
+            status: ExitStatus | None = None
+            started = anyio.current_time()
+            deadline = math.inf if args.timeout is None else started + args.timeout
+            try:
+                with anyio.CancelScope(deadline=deadline) as scope:
+                    self._scopes.add(scope)
+                    try:
+                        status = await session._backend_call(
+                            handle.exec(
+                                args.argv, cwd=args.cwd, env=args.env, stdin=args.stdin,
+                                on_output=on_output,
+                            ),
+                            sandbox=self,
+                        )
+                    finally:
+                        self._scopes.discard(scope)
+            except SandboxError as exc:
+                session._exec_finished(self, None, exc)
+                raise
+            duration = anyio.current_time() - started
+        # No status means our scope cancelled the call: stop() was called, or the deadline hit.
+        timed_out = status is None
+        if status is None:
+            if self._state in (_STOPPING, _CLOSED):
+                error = SandboxClosed("the sandbox was stopped while the command ran")
+                session._exec_finished(self, None, error)
+                raise error
+            status = ExitStatus(returncode=137, signal=9)  # the backend SIGKILLed the tree
+        out, err = buffers["stdout"], buffers["stderr"]
+        result = ExecResult(
+            argv=args.argv,
+            returncode=status.returncode,
+            stdout=out.getvalue(),
+            stderr=err.getvalue(),
+            duration=duration,
+            timed_out=timed_out,
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
+            stdout_size=out.size,
+            stderr_size=err.size,
+            signal=status.signal,
+            oom_killed=status.oom_killed,
+        )
+        if timed_out:
+            error = ExecTimeout(f"command timed out after {args.timeout}s: {_short(args.argv)}", result)
+            session._exec_finished(self, result, error)
+            raise error
+        session._exec_finished(self, result, None)
+        if args.check and result.returncode != 0:
+            raise ExecFailed(f"command exited with status {result.returncode}: {_short(args.argv)}", result)
+        return result
+
+    # -- files --------------------------------------------------------------------------
+
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_LIMIT) -> bytes:
+        """The content of the file at ``path`` (relative paths are under ``config.workdir``).
+
+        Raises :class:`SandboxFileError` (``not_found``, ``is_a_directory``, ``permission``,
+        ``too_large`` beyond ``max_bytes``). For big files use :meth:`download`.
+        """
+        target = check.sandbox_path("path", path, workdir=self.config.workdir)
+        limit = check.positive_int("max_bytes", max_bytes)
+        assert limit is not None
+        handle = await self._live_handle()
+        async with self._session._exec_slot():
+            return await self._session._backend_call(
+                handle.read_file(target, max_bytes=limit), sandbox=self
+            )
+
+    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+        """Create or replace the file at ``path`` with ``data`` (str is encoded as UTF-8).
+
+        Parent directories are created. Raises :class:`SandboxFileError`.
+        """
+        target = check.sandbox_path("path", path, workdir=self.config.workdir)
+        if isinstance(data, str):
+            data = data.encode()
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise InvalidArgument(f"data must be bytes or str, got {type(data).__name__}")
+        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
+            raise InvalidArgument(f"mode must be a permission number such as 0o644, got {mode!r}")
+        handle = await self._live_handle()
+        async with self._session._exec_slot():
+            await self._session._backend_call(
+                handle.write_file(target, bytes(data), mode=mode), sandbox=self
+            )
+
+    async def upload(self, local: str | PathLike[str], remote: str) -> None:
+        """Copy a local file or directory into the sandbox, streamed as tar.
+
+        A directory's contents land in the directory ``remote`` (created if missing); a file
+        is written to the path ``remote``. Symlinks are copied as symlinks, never followed.
+        """
+        source = _archive.local_source(local)
+        target = check.sandbox_path("remote", remote, workdir=self.config.workdir)
+        if source.is_dir():
+            directory, arcname = target, None
+        else:
+            if target == "/":
+                raise InvalidArgument("remote must name a file when uploading a file")
+            directory, _, arcname = target.rpartition("/")
+            directory = directory or "/"
+        handle = await self._live_handle()
+        async with self._session._exec_slot(), _archive.pack(source, arcname=arcname) as chunks:
+            await self._session._backend_call(handle.put_archive(directory, chunks), sandbox=self)
+
+    async def download(
+        self, remote: str, local: str | PathLike[str], *, max_bytes: int | None = None
+    ) -> None:
+        """Copy a file or directory out of the sandbox, streamed as tar.
+
+        A directory's contents land in the local directory ``local`` (created if missing,
+        merged if present); a file is written to the path ``local``. The archive is checked
+        like untrusted input: nothing is written outside ``local`` (see ``_archive``).
+        ``max_bytes`` bounds the size of the transfer.
+        """
+        source = check.sandbox_path("remote", remote, workdir=self.config.workdir)
+        if not isinstance(local, str | PathLike):
+            raise InvalidArgument(f"local must be a str or os.PathLike, got {local!r}")
+        if max_bytes is not None:
+            check.positive_int("max_bytes", max_bytes)
+        dest = Path(local).absolute()
+        handle = await self._live_handle()
+        async with self._session._exec_slot():
+            async with self._session._backend_context(handle.get_archive(source), sandbox=self) as chunks:
+                await _archive.unpack(chunks, dest, max_bytes=max_bytes, label=source)
+
+    # -- internals ----------------------------------------------------------------------
+
+    async def _live_handle(self) -> SandboxHandle:
+        if self._dead is not None:
+            raise self._dead
+        if self._state != _RUNNING:
+            await self.start()
+        handle = self._handle
+        if handle is None:
+            raise SandboxClosed("the sandbox was stopped")
+        return handle
+
+    def _mark_dead(self, error: SandboxDied) -> None:
+        if self._dead is None:
+            self._dead = error
+            self._log.warning("sandbox.died", reason=error.reason)
+
+
+class ExecStream:
+    """A running command from :meth:`Sandbox.exec_stream`: iterate for output chunks."""
+
+    def __init__(self, receive: anyio.abc.ObjectReceiveStream[OutputChunk]) -> None:
+        self._receive = receive
+        self._result: ExecResult | None = None
+        self._error: Exception | None = None
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> OutputChunk:
+        try:
+            return await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def wait(self) -> ExecResult:
+        """Wait for the command to finish (discarding output not iterated yet) and return
+        its result; raises as :meth:`Sandbox.exec` would (:class:`ExecTimeout`, ...)."""
+        async for _ in self:
+            pass
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
+def _short(argv: tuple[str, ...], limit: int = 120) -> str:
+    text = " ".join(argv)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,549 @@
+"""Session: owns a backend, the concurrency limits, background operations and every
+sandbox it created. All runtime policy lives here, once for every backend: limits,
+deadlines, retries, error mapping, logging, and cleanup that survives cancellation."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from types import TracebackType
+from typing import Any, Self, TypeVar, final
+
+import anyio
+import msgspec
+import structlog
+
+from . import _owner, _validate as check
+from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts
+from ._errors import (
+    BackendTimeout,
+    InfrastructureError,
+    InvalidArgument,
+    SandboxClosed,
+    SandboxDied,
+    SandboxError,
+    SandboxNotFound,
+)
+from ._limits import Limiter, LimiterStatistics
+from ._models import ExecResult, SandboxInfo, SandboxStatus
+from ._operations import Operation
+from ._registry import create_backend
+from ._sandbox import Sandbox
+from ._util import current_async_library
+from .abc import Backend, SandboxHandle, SandboxSpec
+
+__all__ = ("Session", "SessionStatistics")
+
+logger = structlog.get_logger("asyncsandbox")
+
+T = TypeVar("T")
+
+_NEW, _OPEN, _CLOSING, _CLOSED = "new", "open", "closing", "closed"
+
+
+class SessionStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of a Session: its limits and what went through them."""
+
+    live: LimiterStatistics
+    """Sandboxes alive (``Limits.max_live``)."""
+    lifecycle: LimiterStatistics
+    """Create and remove calls in flight (``Limits.max_lifecycle``)."""
+    execs: LimiterStatistics
+    """Commands and file transfers in flight (``Limits.max_execs``)."""
+    sandboxes_started: int
+    sandboxes_removed: int
+    start_failures: int
+    remove_failures: int
+    execs_finished: int
+    """Commands that ran to completion, whatever their exit status."""
+    execs_timed_out: int
+    execs_failed: int
+    """Commands that ended with an error other than their timeout (infrastructure, closed)."""
+
+
+@final
+class Session:
+    """Runs sandboxes on one backend with bounded concurrency. Use as an async context
+    manager; closing it removes every sandbox it started and cancels its operations::
+
+        async with asyncsandbox.Session() as session:
+            async with session.sandbox() as sb:
+                result = await sb.exec(["python3", "-c", "print(6 * 7)"], timeout=10)
+
+    :param backend: a backend name (``"process"``, ``"docker"``, ``"remote"``, ``"fake"`` or
+        a plugin's) or a :class:`~asyncsandbox.abc.Backend` instance. The session enters
+        and closes it.
+    :param backend_options: keyword arguments for the backend, when given by name.
+    :param defaults: how new sandboxes look; ``session.sandbox(**overrides)`` varies them.
+    :param limits: concurrency bounds (:class:`Limits`).
+    :param timeouts: deadlines of infrastructure calls (:class:`Timeouts`).
+    :param retries: retries of retryable infrastructure errors in lifecycle calls.
+    :param sweep: on open, remove sandboxes left by crashed owners or past their lifetime
+        (what ``asyncsandbox gc`` does).
+
+    Open and close it in the same task (``async with`` does that).
+    """
+
+    def __init__(
+        self,
+        backend: str | Backend = "process",
+        *,
+        backend_options: Mapping[str, Any] | None = None,
+        defaults: SandboxDefaults | None = None,
+        limits: Limits | None = None,
+        timeouts: Timeouts | None = None,
+        retries: RetryPolicy | None = None,
+        sweep: bool = True,
+    ) -> None:
+        for name, value, kind in (
+            ("defaults", defaults, SandboxDefaults),
+            ("limits", limits, Limits),
+            ("timeouts", timeouts, Timeouts),
+            ("retries", retries, RetryPolicy),
+        ):
+            if value is not None and not isinstance(value, kind):
+                raise InvalidArgument(f"{name} must be a {kind.__name__}, got {value!r}")
+        if isinstance(backend, Backend):
+            if backend_options:
+                raise InvalidArgument("backend_options apply only to a backend given by name")
+            self._backend: Backend | None = backend
+            self._backend_name = backend.name
+        elif isinstance(backend, str):
+            self._backend = None
+            self._backend_name = backend
+        else:
+            raise InvalidArgument(f"backend must be a name or a Backend instance, got {backend!r}")
+        self._backend_options = dict(backend_options or {})
+        self.id = uuid.uuid4().hex[:12]
+        """Identifies this session; its sandboxes carry it as a label."""
+        self.defaults = defaults or SandboxDefaults()
+        self.limits = limits or Limits()
+        self.timeouts = timeouts or Timeouts()
+        self.retries = retries or RetryPolicy()
+        self._sweep = sweep
+        self._state = _NEW
+        self._stack: AsyncExitStack | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._sandboxes: set[Sandbox] = set()
+        timeout = self.limits.capacity_timeout
+        self._live = Limiter("live", self.limits.max_live, capacity_timeout=timeout)
+        self._lifecycle = Limiter("lifecycle", self.limits.max_lifecycle, capacity_timeout=timeout)
+        self._execs = Limiter("execs", self.limits.max_execs, capacity_timeout=timeout)
+        self._counts = dict.fromkeys(
+            ("started", "removed", "start_failures", "remove_failures", "finished", "timed_out", "failed"),
+            0,
+        )
+        self._log = logger.bind(session_id=self.id, backend=self._backend_name)
+
+    # -- open / close -------------------------------------------------------------------
+
+    @property
+    def backend(self) -> Backend:
+        """The backend instance (created when the session opens, if given by name)."""
+        if self._backend is None:
+            raise SandboxClosed("the session is not open yet")
+        return self._backend
+
+    async def __aenter__(self) -> Self:
+        if self._state != _NEW:
+            raise SandboxClosed("a Session can be opened only once")
+        self._state = _OPEN
+        stack = AsyncExitStack()
+        try:
+            if self._backend is None:
+                self._backend = create_backend(self._backend_name, self._backend_options)
+            library = current_async_library()
+            supported = self._backend.capabilities.async_libraries
+            if library not in supported:
+                raise InvalidArgument(
+                    f"the {self._backend_name!r} backend does not run on {library} "
+                    f"(it supports: {', '.join(sorted(supported))})"
+                )
+            await stack.enter_async_context(self._backend)
+            # Entered here, exited in aclose() (same task, see the class docstring).
+            task_group = anyio.create_task_group()
+            await task_group.__aenter__()
+            self._task_group = task_group
+        except BaseException:
+            self._state = _CLOSED
+            with anyio.CancelScope(shield=True):
+                await stack.aclose()
+            raise
+        self._stack = stack
+        self._log.debug("session.opened")
+        if self._sweep:
+            try:
+                await self.gc()
+            except BaseException:
+                await self.aclose()
+                raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Cancel running operations, remove every sandbox of this session, close the
+        backend. Idempotent; always releases (errors are logged, then the first raised).
+
+        Cancellation: runs shielded. Each removal is bounded by ``Timeouts.remove``.
+        """
+        if self._state in (_CLOSING, _CLOSED):
+            return
+        self._state = _CLOSING
+        errors: list[BaseException] = []
+        if self._task_group is not None:
+            # Not shielded, but nothing to wait for beyond the cancelled operations' own
+            # (shielded, bounded) cleanup. It must exit outside any scope opened after it.
+            self._task_group.cancel_scope.cancel()
+            task_group, self._task_group = self._task_group, None
+            await task_group.__aexit__(None, None, None)
+        # Shielded: leaking sandboxes because the caller was cancelled is exactly the bug
+        # this runtime exists to prevent. Every step below is bounded by its own deadline.
+        with anyio.CancelScope(shield=True):
+
+            async def stop(sandbox: Sandbox) -> None:
+                try:
+                    await sandbox.stop()
+                except Exception as exc:
+                    errors.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                for sandbox in list(self._sandboxes):
+                    tg.start_soon(stop, sandbox)
+            if self._stack is not None:
+                try:
+                    await self._stack.aclose()
+                except Exception as exc:
+                    errors.append(exc)
+        self._state = _CLOSED
+        self._log.debug("session.closed", statistics=self._counts)
+        if errors:
+            raise errors[0]
+
+    def _check_open(self) -> None:
+        if self._state != _OPEN:
+            raise SandboxClosed(
+                "the session is closed" if self._state != _NEW
+                else "the session is not open; use `async with Session(...) as session`"
+            )
+
+    # -- sandboxes and operations -------------------------------------------------------
+
+    def sandbox(self, **overrides: Any) -> Sandbox:
+        """A new, not yet started sandbox: the session's defaults with ``overrides``
+        (any :class:`SandboxDefaults` field; ``tags`` and ``env`` add to the defaults)."""
+        if self._state in (_CLOSING, _CLOSED):
+            raise SandboxClosed("the session is closed")
+        return Sandbox(self, self.defaults.merged(overrides))
+
+    async def run(
+        self,
+        argv: list[str] | tuple[str, ...],
+        *,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+        env: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> ExecResult:
+        """Run one command in a fresh sandbox that is removed afterwards (a reward check).
+
+        ``overrides`` configure the sandbox as in :meth:`sandbox`; the other arguments are
+        those of :meth:`Sandbox.exec`.
+
+        Cancellation: the command is killed and the sandbox removed.
+        """
+        async with self.sandbox(**overrides) as sandbox:
+            return await sandbox.exec(argv, stdin=stdin, timeout=timeout, check=check, env=env)
+
+    def submit(self, awaitable: Awaitable[T], *, name: str | None = None) -> Operation[T]:
+        """Run ``awaitable`` in the session's background and return its handle at once.
+
+        Errors stay in the handle (``await op`` raises them). Consume many handles with
+        :func:`asyncsandbox.wait` or :func:`asyncsandbox.as_completed`. Operations still
+        running when the session closes are cancelled.
+        """
+        if not isinstance(awaitable, Awaitable):
+            raise InvalidArgument(f"submit() needs an awaitable, got {awaitable!r}")
+        op = Operation(awaitable, name or getattr(awaitable, "__qualname__", "operation"))
+        if self._state != _OPEN or self._task_group is None:
+            op._discard()
+            self._check_open()
+        else:
+            self._task_group.start_soon(op._run, name=f"asyncsandbox:{op.name}")
+        return op
+
+    async def list(
+        self,
+        *,
+        tags: Iterable[str] = (),
+        status: SandboxStatus | str | Iterable[SandboxStatus | str] | None = None,
+        this_session: bool = False,
+    ) -> list[SandboxInfo]:
+        """Sandboxes of the backend carrying all ``tags`` — of any session or process,
+        unless ``this_session`` — optionally only those in ``status``."""
+        labels = _owner.tag_labels(check.tags(tuple(tags) if not isinstance(tags, str) else tags))
+        if this_session:
+            labels[_owner.SESSION] = self.id
+        wanted = _statuses(status)
+        self._check_open()
+        backend = self.backend
+        infos = await self._operation(
+            "list", lambda: backend.list(labels=labels), timeout=self.timeouts.operation
+        )
+        out = [msgspec.structs.replace(i, tags=_owner.tags_of(i.labels), backend=self._backend_name) for i in infos]
+        return [i for i in out if wanted is None or i.status in wanted]
+
+    async def delete(
+        self,
+        *,
+        tags: Iterable[str],
+        status: SandboxStatus | str | Iterable[SandboxStatus | str] | None = None,
+    ) -> list[str]:
+        """Remove every sandbox carrying all ``tags`` (at least one tag is required), of any
+        session; return the removed ids."""
+        tag_tuple = check.tags(tuple(tags) if not isinstance(tags, str) else tags)
+        if not tag_tuple:
+            raise InvalidArgument("delete() needs at least one tag (refusing to delete everything)")
+        infos = await self.list(tags=tag_tuple, status=status)
+        return await self._remove_ids([i.id for i in infos])
+
+    async def gc(self, *, dry_run: bool = False) -> list[tuple[SandboxInfo, str]]:
+        """Remove sandboxes whose owner process is gone or whose lifetime is over (of any
+        session on this backend); return them with the reason. ``dry_run`` only reports."""
+        self._check_open()
+        infos = await self.list()
+        garbage = [(i, r) for i in infos if (r := _owner.garbage_reason(i.labels)) is not None]
+        if garbage and not dry_run:
+            removed = set(await self._remove_ids([i.id for i, _ in garbage]))
+            garbage = [(i, r) for i, r in garbage if i.id in removed]
+            for info, reason in garbage:
+                self._log.info("session.gc.removed", sandbox_id=info.id, reason=reason)
+        return garbage
+
+    def statistics(self) -> SessionStatistics:
+        c = self._counts
+        return SessionStatistics(
+            live=self._live.statistics(),
+            lifecycle=self._lifecycle.statistics(),
+            execs=self._execs.statistics(),
+            sandboxes_started=c["started"],
+            sandboxes_removed=c["removed"],
+            start_failures=c["start_failures"],
+            remove_failures=c["remove_failures"],
+            execs_finished=c["finished"],
+            execs_timed_out=c["timed_out"],
+            execs_failed=c["failed"],
+        )
+
+    def __repr__(self) -> str:
+        def part(limiter: Limiter) -> str:
+            limit = "" if limiter.limit is None else f"/{limiter.limit}"
+            s = limiter.statistics()
+            return f"{limiter.name}: {s.active}{limit} active, {s.waiting} waiting"
+
+        parts = " | ".join(part(x) for x in (self._live, self._lifecycle, self._execs))
+        return f"<Session {self._backend_name} {self._state} [{parts}]>"
+
+    # -- policy used by Sandbox ---------------------------------------------------------
+
+    async def _create(self, sandbox: Sandbox) -> SandboxHandle:
+        self._check_open()
+        backend = self.backend
+        config = sandbox.config
+        caps = backend.capabilities
+        if config.network not in caps.network_modes:
+            raise InvalidArgument(
+                f"the {self._backend_name!r} backend does not support network={config.network!r} "
+                f"(supported: {', '.join(sorted(caps.network_modes))})"
+            )
+        spec = SandboxSpec(
+            image=config.image,
+            env=config.env,
+            workdir=config.workdir,
+            resources=config.resources,
+            network=config.network,
+            labels=_owner.runtime_labels(
+                session_id=self.id, tags=config.tags, max_lifetime=config.max_lifetime
+            ),
+            max_lifetime=config.max_lifetime,
+        )
+        await self._live.acquire()
+        try:
+            async with self._lifecycle.slot():
+                started = anyio.current_time()
+                handle = await self._operation(
+                    "create", lambda: backend.create(spec), timeout=self.timeouts.create
+                )
+        except BaseException:
+            self._live.release()
+            self._counts["start_failures"] += 1
+            raise
+        sandbox.startup_seconds = anyio.current_time() - started
+        self._sandboxes.add(sandbox)
+        self._counts["started"] += 1
+        self._log.debug("sandbox.started", sandbox_id=handle.id, seconds=round(sandbox.startup_seconds, 4))
+        return handle
+
+    async def _remove(self, sandbox: Sandbox, handle: SandboxHandle) -> None:
+        """Remove a started sandbox (called shielded by ``Sandbox.stop``)."""
+        try:
+            async with self._lifecycle.slot(bounded=False):
+                await self._operation("remove", handle.remove, timeout=self.timeouts.remove, sandbox=None)
+        except Exception as exc:
+            self._counts["remove_failures"] += 1
+            self._log.warning("sandbox.remove.failed", sandbox_id=handle.id, error=repr(exc))
+            raise
+        else:
+            self._counts["removed"] += 1
+            self._log.debug("sandbox.removed", sandbox_id=handle.id)
+        finally:
+            self._sandboxes.discard(sandbox)
+            self._live.release()
+
+    async def _remove_ids(self, ids: list[str]) -> list[str]:
+        """Remove sandboxes by id (of any session); return those now gone."""
+        ours = {sb.id: sb for sb in self._sandboxes}
+        backend = self.backend
+        removed: list[str] = []
+
+        async def remove(sandbox_id: str) -> None:
+            try:
+                if sandbox_id in ours:
+                    await ours[sandbox_id].stop()
+                else:
+                    async with self._lifecycle.slot():
+                        try:
+                            handle = await self._operation(
+                                "attach", lambda: backend.attach(sandbox_id), timeout=self.timeouts.operation
+                            )
+                        except SandboxNotFound:
+                            removed.append(sandbox_id)
+                            return
+                        await self._operation("remove", handle.remove, timeout=self.timeouts.remove)
+            except SandboxError as exc:
+                self._log.warning("sandbox.remove.failed", sandbox_id=sandbox_id, error=repr(exc))
+            else:
+                removed.append(sandbox_id)
+
+        async with anyio.create_task_group() as tg:
+            for sandbox_id in ids:
+                tg.start_soon(remove, sandbox_id)
+        return removed
+
+    @asynccontextmanager
+    async def _exec_slot(self) -> AsyncIterator[None]:
+        async with self._execs.slot():
+            yield
+
+    def _exec_started(self, sandbox: Sandbox) -> None:
+        pass
+
+    def _exec_finished(self, sandbox: Sandbox, result: ExecResult | None, error: BaseException | None) -> None:
+        if result is not None and result.timed_out:
+            self._counts["timed_out"] += 1
+        elif error is not None:
+            self._counts["failed"] += 1
+        else:
+            self._counts["finished"] += 1
+        if result is not None:
+            sandbox._log.debug(
+                "sandbox.exec.finished",
+                argv0=result.argv[0],
+                returncode=result.returncode,
+                seconds=round(result.duration, 4),
+                timed_out=result.timed_out,
+            )
+
+    async def _operation(
+        self,
+        name: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        timeout: float | None,
+        sandbox: Sandbox | None = None,
+    ) -> T:
+        """An idempotent infrastructure call, with its deadline and retries."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with anyio.move_on_after(timeout if timeout is not None else float("inf")):
+                    return await self._backend_call(call(), sandbox=sandbox)
+                assert timeout is not None
+                raise BackendTimeout(name, timeout)
+            except InfrastructureError as exc:
+                if not exc.retryable or attempt >= self.retries.attempts:
+                    raise
+                delay = random.uniform(
+                    0, min(self.retries.max_backoff, self.retries.backoff * 2 ** (attempt - 1))
+                )
+                self._log.warning(
+                    "backend.retry", operation=name, attempt=attempt, delay=round(delay, 3), error=str(exc)
+                )
+                await anyio.sleep(delay)
+
+    async def _backend_call(self, awaitable: Awaitable[T], *, sandbox: Sandbox | None) -> T:
+        """Await a backend call, translating what escapes the contract."""
+        try:
+            return await awaitable
+        except StopAsyncIteration:
+            raise  # the end of a chunk stream, not an error
+        except SandboxDied as exc:
+            if sandbox is not None:
+                sandbox._mark_dead(exc)
+            raise
+        except SandboxError:
+            raise
+        except Exception as exc:
+            self._log.error("backend.unexpected_error", error=repr(exc))
+            raise InfrastructureError(f"the {self._backend_name} backend failed: {exc!r}") from exc
+
+    @asynccontextmanager
+    async def _backend_context(
+        self, context: Any, *, sandbox: Sandbox | None
+    ) -> AsyncIterator[AsyncIterator[bytes]]:
+        chunks = await self._backend_call(context.__aenter__(), sandbox=sandbox)
+        try:
+            yield _MappedChunks(self, chunks, sandbox)
+        except BaseException as exc:
+            if not await context.__aexit__(type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            await context.__aexit__(None, None, None)
+
+
+class _MappedChunks:
+    """A backend's chunk iterator whose errors are translated like any backend call."""
+
+    def __init__(self, session: Session, chunks: AsyncIterator[bytes], sandbox: Sandbox | None) -> None:
+        self._session = session
+        self._chunks = chunks
+        self._sandbox = sandbox
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._session._backend_call(anext(self._chunks), sandbox=self._sandbox)
+
+
+def _statuses(value: object) -> set[SandboxStatus] | None:
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str | SandboxStatus) else value
+    if not isinstance(items, Iterable):
+        raise InvalidArgument(f"status must be a SandboxStatus or a sequence of them, got {value!r}")
+    try:
+        return {SandboxStatus(v) for v in items}
+    except ValueError:
+        known = ", ".join(s.value for s in SandboxStatus)
+        raise InvalidArgument(f"unknown status in {value!r}; known: {known}") from None

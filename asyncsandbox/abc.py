@@ -1,0 +1,230 @@
+"""The backend contract: what a sandbox backend implements.
+
+A backend is two classes. :class:`Backend` creates, finds and lists sandboxes;
+:class:`SandboxHandle` runs commands and moves files in one of them. Both are thin: the
+runtime (:class:`asyncsandbox.Session`) applies all policy once for every backend —
+concurrency limits, infrastructure deadlines, retries, the exec ``timeout``, output
+bounds, argument checks, logging, metrics. A backend only has to do what it is asked,
+promptly, and keep the few promises written on each method below. The public
+conformance suite, :func:`asyncsandbox.testing.check_backend`, checks them all.
+
+Promises that hold for every method:
+
+* Raise only :mod:`asyncsandbox` errors. Translate your library's exceptions at the
+  boundary (``raise BackendUnavailable(...) from exc``); mark an
+  :class:`~asyncsandbox.InfrastructureError` ``retryable`` only when the call left nothing
+  behind and repeating it may succeed.
+* Never block the event loop, and work on every async library you declare in
+  :attr:`BackendCapabilities.async_libraries` (use anyio).
+* Cancellation: when a call is cancelled, undo what it started before letting the
+  cancellation propagate — a cancelled ``create`` leaves no sandbox, a cancelled ``exec``
+  leaves no process — in a shielded scope with a bounded deadline. Never swallow it.
+
+Third-party backends register under the entry-point group ``asyncsandbox.backends``
+(``name = "package.module:BackendClass"``); ``Session(backend="name", backend_options={...})``
+then calls ``BackendClass(**backend_options)``.
+"""
+
+from __future__ import annotations
+
+from abc import ABCMeta, abstractmethod
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import ClassVar, Self
+
+import msgspec
+from anyio import TypedAttributeProvider
+
+from ._config import Resources
+from ._models import SandboxInfo, Stream
+
+__all__ = (
+    "Backend",
+    "BackendCapabilities",
+    "ExitStatus",
+    "OutputCallback",
+    "SandboxHandle",
+    "SandboxSpec",
+)
+
+OutputCallback = Callable[[Stream, bytes], Awaitable[None]]
+"""Receives output as it arrives: ``await on_output("stdout", data)``. It may apply
+backpressure (awaiting it may take a while); call it from one task at a time."""
+
+
+class BackendCapabilities(msgspec.Struct, frozen=True, kw_only=True):
+    """What a backend can do; the runtime checks requests against it."""
+
+    async_libraries: frozenset[str] = frozenset({"asyncio", "trio"})
+    """Async libraries the backend works on (as named by ``sniffio``)."""
+    isolation: str
+    """How sandboxes are isolated, in a few words (shown by ``asyncsandbox backends``)."""
+    enforced_limits: frozenset[str] = frozenset()
+    """Which :class:`~asyncsandbox.Resources` fields are enforced: ``cpus``, ``memory_mb``, ``pids``."""
+    network_modes: frozenset[str] = frozenset({"none"})
+    """Supported values of ``SandboxDefaults.network``."""
+    reports_signal: bool = False
+    """``ExitStatus.signal`` tells a signal death apart from ``exit(128 + N)``."""
+
+
+class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything a backend needs to create a sandbox (validated by the runtime)."""
+
+    image: str | None
+    env: dict[str, str]
+    """Environment for every command; the backend adds its own PATH/HOME/LANG underneath."""
+    workdir: str
+    """Absolute path; must exist (writable) once ``create`` returns."""
+    resources: Resources
+    network: str
+    labels: dict[str, str]
+    """Store verbatim and return in :class:`~asyncsandbox.SandboxInfo`; ``list`` filters on them."""
+    max_lifetime: float | None
+    """Seconds; past this the backend removes the sandbox, even if the owner process died."""
+
+
+class ExitStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """How a command ended."""
+
+    returncode: int
+    """0-255 (128+N after signal N), as a shell reports it."""
+    signal: int | None = None
+    oom_killed: bool = False
+
+
+class SandboxHandle(TypedAttributeProvider, metaclass=ABCMeta):
+    """One live sandbox of a backend.
+
+    Paths given to its methods are absolute and normalised by the runtime. The runtime
+    never calls a handle after :meth:`remove` returned, except :meth:`remove` again.
+    Backend-specific information is offered as typed attributes
+    (``handle.extra(MyAttributes.container_id)``), never by adding methods.
+    """
+
+    @property
+    @abstractmethod
+    def id(self) -> str:
+        """The backend's id of this sandbox; ``Backend.attach(id)`` finds it again."""
+
+    @abstractmethod
+    async def exec(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        on_output: OutputCallback,
+    ) -> ExitStatus:
+        """Run ``argv`` in the sandbox and return when its main process has exited.
+
+        * Output goes to ``on_output`` as it arrives, unbuffered and unbounded (the runtime
+          bounds it). Return only after all output read so far was delivered.
+        * ``stdin`` is written to the command and then closed; ``None`` means an empty
+          stdin (``/dev/null``), never the backend's own.
+        * The command owns every process it starts: when its main process exits, processes
+          it left behind (background jobs, ``setsid`` and double-forked daemons) are killed.
+          The call must not wait for them, nor for pipes they hold open.
+        * A command that cannot start (no such program, bad ``cwd``) is an exit status as a
+          shell gives it (126/127), not an exception.
+        * Raise :class:`~asyncsandbox.SandboxDied` if the sandbox is gone.
+
+        Cancellation: kill the whole process tree (``SIGKILL``; children that ignore
+        ``SIGTERM`` and ``setsid`` daemons included) and wait until it is gone, shielded and
+        within a few seconds, then re-raise. The runtime implements ``timeout`` this way.
+        """
+
+    @abstractmethod
+    async def read_file(self, path: str, *, max_bytes: int) -> bytes:
+        """Return the content of the regular file ``path``.
+
+        Raise :class:`~asyncsandbox.SandboxFileError` with reason ``not_found``,
+        ``is_a_directory``, ``permission`` or, if it holds more than ``max_bytes``,
+        ``too_large`` (without reading it all).
+        """
+
+    @abstractmethod
+    async def write_file(self, path: str, data: bytes, *, mode: int) -> None:
+        """Create or replace the regular file ``path`` with ``data`` and permission ``mode``.
+
+        Missing parent directories are created. Raise
+        :class:`~asyncsandbox.SandboxFileError` with reason ``is_a_directory``,
+        ``not_a_directory`` (a parent is a file) or ``permission``.
+        """
+
+    @abstractmethod
+    async def put_archive(self, path: str, archive: AsyncIterable[bytes]) -> None:
+        """Extract an uncompressed tar stream into the directory ``path`` (created if missing).
+
+        Consume ``archive`` incrementally; never hold it whole in memory. Members carry
+        their permission bits; ownership is the sandbox user's.
+        """
+
+    @abstractmethod
+    def get_archive(self, path: str) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
+        """Stream ``path`` (file or directory, recursively) as an uncompressed tar.
+
+        The single top-level member is named ``basename(path)``; symlinks are stored as
+        symlinks, never followed. Raise :class:`~asyncsandbox.SandboxFileError`
+        (``not_found``, ``permission``) on entering the context.
+        """
+
+    @abstractmethod
+    async def inspect(self) -> SandboxInfo:
+        """Describe the sandbox now. Raise :class:`~asyncsandbox.SandboxNotFound` if it is gone."""
+
+    @abstractmethod
+    async def remove(self) -> None:
+        """Kill everything in the sandbox and release all its resources.
+
+        Idempotent: removing a sandbox that is already gone succeeds.
+        Cancellation: the runtime shields this call and bounds it with ``Timeouts.remove``.
+        """
+
+
+class Backend(metaclass=ABCMeta):
+    """Creates and finds sandboxes. Used as an async context manager by the Session.
+
+    ``__aenter__`` may start background work (a connection pool, a lease keeper) in a task
+    group of its own; ``aclose`` stops it. Sandboxes outlive the backend object: closing
+    the backend does not remove them (the Session does that first).
+    """
+
+    name: ClassVar[str]
+    """Registry name, such as ``"docker"``."""
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> BackendCapabilities:
+        """What this backend supports."""
+
+    @abstractmethod
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        """Create and start a sandbox; return once it accepts ``exec``.
+
+        Cancellation: remove whatever was created so far, then re-raise.
+        """
+
+    @abstractmethod
+    async def attach(self, sandbox_id: str) -> SandboxHandle:
+        """A handle to an existing sandbox. Raise :class:`~asyncsandbox.SandboxNotFound`."""
+
+    @abstractmethod
+    async def list(self, *, labels: Mapping[str, str]) -> list[SandboxInfo]:
+        """Every sandbox of this backend (any owner) carrying all of ``labels``
+        (``""`` matches a label with an empty value)."""
+
+    async def aclose(self) -> None:
+        """Release the backend's own resources (connections, tasks). Idempotent."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
