@@ -19,6 +19,7 @@ import tarfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import IO, cast
 
 import anyio
 import anyio.from_thread
@@ -83,7 +84,8 @@ class _ChunkReader:
 
 
 def _pack_sync(source: Path, arcname: str | None, writer: _ChunkWriter) -> None:
-    with tarfile.open(fileobj=writer, mode="w|", bufsize=CHUNK, format=tarfile.PAX_FORMAT) as tar:
+    fileobj = cast("IO[bytes]", writer)  # in stream mode tarfile only calls write()
+    with tarfile.open(fileobj=fileobj, mode="w|", bufsize=CHUNK, format=tarfile.PAX_FORMAT) as tar:
         if arcname is not None:  # a single file
             tar.add(source, arcname=arcname, recursive=False)
             return
@@ -92,7 +94,9 @@ def _pack_sync(source: Path, arcname: str | None, writer: _ChunkWriter) -> None:
             rel_root = os.path.relpath(root, source)
             for name in sorted(dirs) + sorted(files):
                 full = os.path.join(root, name)
-                rel = name if rel_root == "." else posixpath.join(rel_root.replace(os.sep, "/"), name)
+                rel = (
+                    name if rel_root == "." else posixpath.join(rel_root.replace(os.sep, "/"), name)
+                )
                 tar.add(full, arcname=rel, recursive=False)
             # symlinks to directories appear in `dirs` and are added as links, not walked into
 
@@ -114,7 +118,7 @@ async def pack(source: Path, *, arcname: str | None = None) -> AsyncIterator[Asy
                 await anyio.to_thread.run_sync(_pack_sync, source, arcname, _ChunkWriter(send))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # the consumer stopped reading; its own error explains why
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - raised when the context exits
                 error.append(exc)
 
     try:
@@ -142,7 +146,9 @@ def _safe_target(dest: Path, name: str) -> Path:
     for part in parts[:-1]:
         current = current / part
         if current.is_symlink():
-            raise SandboxFileError(FileErrorReason.INVALID_PATH, name, "path goes through a symlink")
+            raise SandboxFileError(
+                FileErrorReason.INVALID_PATH, name, "path goes through a symlink"
+            )
     return target
 
 
@@ -159,7 +165,9 @@ def _replace(target: Path) -> None:
 
 
 def _unpack_sync(reader: _ChunkReader, dest: Path) -> None:
-    with tarfile.open(fileobj=reader, mode="r|", bufsize=CHUNK) as tar:
+    dest = dest.absolute()
+    fileobj = cast("IO[bytes]", reader)  # in stream mode tarfile only calls read()
+    with tarfile.open(fileobj=fileobj, mode="r|", bufsize=CHUNK) as tar:
         for member in tar:
             # The top-level member is the downloaded path itself: it becomes `dest`.
             name = member.name.lstrip("/").partition("/")[2]
@@ -193,7 +201,9 @@ def _unpack_sync(reader: _ChunkReader, dest: Path) -> None:
             elif member.islnk() and name:
                 source_path = _safe_target(dest, member.linkname.lstrip("/").partition("/")[2])
                 if source_path.is_symlink() or not source_path.is_file():
-                    raise SandboxFileError(FileErrorReason.INVALID_PATH, member.name, "bad hard link")
+                    raise SandboxFileError(
+                        FileErrorReason.INVALID_PATH, member.name, "bad hard link"
+                    )
                 target.parent.mkdir(parents=True, exist_ok=True)
                 _replace(target)
                 os.link(source_path, target)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import msgspec
 
 from . import _validate as check
+from ._errors import InvalidArgument
 
 __all__ = ("Resources", "SandboxDefaults", "Limits", "Timeouts", "RetryPolicy")
 
@@ -23,7 +24,7 @@ class _Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         return msgspec.structs.replace(self, **changes)
 
 
-class Resources(_Config):
+class Resources(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Resource limits of one sandbox. ``None`` means "no limit"."""
 
     cpus: float | None = None
@@ -37,12 +38,12 @@ class Resources(_Config):
         if self.cpus is not None:
             cpus = check.seconds("cpus", self.cpus)  # same rules: finite, >= 0
             if not cpus:
-                raise check.InvalidArgument("cpus must be > 0 or None")
-        check.positive_int("memory_mb", self.memory_mb, allow_none=True)
-        check.positive_int("pids", self.pids, allow_none=True)
+                raise InvalidArgument("cpus must be > 0 or None")
+        check.optional_positive_int("memory_mb", self.memory_mb)
+        check.optional_positive_int("pids", self.pids)
 
 
-class SandboxDefaults(_Config):
+class SandboxDefaults(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a new sandbox looks like; ``session.sandbox(**overrides)`` changes single fields.
 
     On override, ``tags`` and ``env`` are merged with the defaults (tags appended, env
@@ -67,30 +68,24 @@ class SandboxDefaults(_Config):
     """Per stream and exec: output kept in memory beyond this is cut from the middle."""
 
     def __post_init__(self) -> None:
-        if self.image is not None:
-            if not isinstance(self.image, str) or not self.image:
-                raise check.InvalidArgument(f"image must be a non-empty str or None, got {self.image!r}")
-            check.no_nul("image", self.image)
+        check.optional_text("image", self.image)
         msgspec.structs.force_setattr(self, "tags", check.tags(self.tags))
         msgspec.structs.force_setattr(self, "env", check.env("env", self.env))
-        if not isinstance(self.workdir, str) or not self.workdir.startswith("/"):
-            raise check.InvalidArgument(f"workdir must be an absolute path, got {self.workdir!r}")
-        msgspec.structs.force_setattr(
-            self, "workdir", check.sandbox_path("workdir", self.workdir, workdir="/")
-        )
-        if not isinstance(self.resources, Resources):
-            raise check.InvalidArgument(f"resources must be a Resources, got {self.resources!r}")
+        msgspec.structs.force_setattr(self, "workdir", check.absolute_path("workdir", self.workdir))
+        resources: object = self.resources
+        if not isinstance(resources, Resources):
+            raise InvalidArgument(f"resources must be a Resources, got {resources!r}")
         check.choice("network", self.network, NETWORK_MODES)
         check.seconds("max_lifetime", self.max_lifetime)
         if self.max_lifetime == 0:
-            raise check.InvalidArgument("max_lifetime must be > 0 or None")
+            raise InvalidArgument("max_lifetime must be > 0 or None")
         check.positive_int("max_output_bytes", self.max_output_bytes)
 
     def merged(self, overrides: dict[str, Any]) -> SandboxDefaults:
         """These defaults with per-sandbox ``overrides`` applied (see the class docstring)."""
         unknown = set(overrides) - set(self.__struct_fields__)
         if unknown:
-            raise check.InvalidArgument(
+            raise InvalidArgument(
                 f"unknown sandbox option(s): {', '.join(sorted(unknown))}; "
                 f"known: {', '.join(self.__struct_fields__)}"
             )
@@ -102,7 +97,7 @@ class SandboxDefaults(_Config):
         return self.replace(**changes) if changes else self
 
 
-class Limits(_Config):
+class Limits(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How much a Session lets run at once. Waiting is first-come, first-served and shows in
     ``session.statistics()``. ``None`` means unbounded."""
 
@@ -116,13 +111,13 @@ class Limits(_Config):
     """Longest wait for any slot before :class:`CapacityTimeout`; ``None`` waits forever."""
 
     def __post_init__(self) -> None:
-        check.positive_int("max_live", self.max_live, allow_none=True)
+        check.optional_positive_int("max_live", self.max_live)
         check.positive_int("max_lifecycle", self.max_lifecycle)
-        check.positive_int("max_execs", self.max_execs, allow_none=True)
+        check.optional_positive_int("max_execs", self.max_execs)
         check.seconds("capacity_timeout", self.capacity_timeout)
 
 
-class Timeouts(_Config):
+class Timeouts(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Deadlines, in seconds, of infrastructure calls (never of your commands: that is
     ``exec(timeout=...)``). Exceeding one raises :class:`BackendTimeout`. ``None``: no limit."""
 
@@ -138,10 +133,10 @@ class Timeouts(_Config):
         for name in ("create", "remove", "operation"):
             check.seconds(name, getattr(self, name))
         if not check.seconds("cleanup", self.cleanup, allow_none=False):
-            raise check.InvalidArgument("cleanup must be > 0")
+            raise InvalidArgument("cleanup must be > 0")
 
 
-class RetryPolicy(_Config):
+class RetryPolicy(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Retries of lifecycle calls that failed with a *retryable* infrastructure error.
     Commands are never retried: running one twice is not the same as running it once."""
 

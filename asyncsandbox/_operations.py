@@ -4,8 +4,8 @@ complete (``wait``, ``as_completed``), for code that launches many commands at o
 from __future__ import annotations
 
 import math
-from contextlib import suppress
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
+from contextlib import suppress
 from typing import Any, Generic, TypeVar, final
 
 import anyio
@@ -48,7 +48,7 @@ class Operation(Generic[T]):
                     self._scope.cancel()
                 value = await awaitable
                 self._finish(_DONE, value=value)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - kept in the handle, raised by result()
             self._finish(_FAILED, error=exc)
         finally:
             # Cancelled by op.cancel() (absorbed by our scope) or by the session closing
@@ -64,7 +64,9 @@ class Operation(Generic[T]):
         if self._state == _PENDING:
             self._finish(_CANCELLED)
 
-    def _finish(self, state: int, *, value: T | None = None, error: BaseException | None = None) -> None:
+    def _finish(
+        self, state: int, *, value: T | None = None, error: BaseException | None = None
+    ) -> None:
         self._state, self._value, self._error = state, value, error
         self._done.set()
         callbacks, self._callbacks = self._callbacks, []
@@ -150,7 +152,6 @@ async def wait(
     """
     ops = _check_ops(operations)
     wanted = len(ops) if num_returns is None else positive_int("num_returns", num_returns)
-    assert wanted is not None
     wanted = min(wanted, len(ops))
     limit = seconds("timeout", timeout)
     enough = anyio.Event()
@@ -185,6 +186,7 @@ async def as_completed(
     limit = seconds("timeout", timeout)
     deadline = math.inf if limit is None else anyio.current_time() + limit
     send, receive = anyio.create_memory_object_stream[Operation[Any]](len(ops) or 1)
+
     def on_done(op: Operation[Any]) -> None:
         # The iteration may have ended (timeout, break) before this operation finished.
         with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):

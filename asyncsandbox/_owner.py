@@ -93,7 +93,9 @@ def owner_alive(label: str) -> bool | None:
     return start in (-1, owner.start_time)
 
 
-def runtime_labels(*, session_id: str, tags: tuple[str, ...], max_lifetime: float | None) -> dict[str, str]:
+def runtime_labels(
+    *, session_id: str, tags: tuple[str, ...], max_lifetime: float | None
+) -> dict[str, str]:
     now = time.time()
     labels = {
         OWNER: current_owner().label(),

@@ -46,19 +46,32 @@ _NEW, _STARTING, _RUNNING, _STOPPING, _CLOSED = "new", "starting", "running", "s
 
 
 class _ExecArgs:
-    __slots__ = ("argv", "cwd", "env", "stdin", "timeout", "check", "limit")
+    __slots__ = ("argv", "check", "cwd", "env", "limit", "stdin", "timeout")
 
-    def __init__(self, sandbox: Sandbox, argv: object, cwd: object, env: object, stdin: object,
-                 timeout: object, check_: object, max_output_bytes: object) -> None:
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        argv: object,
+        cwd: object,
+        env: object,
+        stdin: object,
+        timeout: object,
+        check_: object,
+        max_output_bytes: object,
+    ) -> None:
         config = sandbox.config
         self.argv = check.argv(argv)
-        self.cwd = config.workdir if cwd is None else check.sandbox_path("cwd", cwd, workdir=config.workdir)
+        self.cwd = (
+            config.workdir
+            if cwd is None
+            else check.sandbox_path("cwd", cwd, workdir=config.workdir)
+        )
         self.env = {**config.env, **check.env("env", env)}
         self.stdin = check.stdin(stdin)
         self.timeout = check.seconds("timeout", timeout)
         if not isinstance(check_, bool):
             raise InvalidArgument(f"check must be a bool, got {check_!r}")
-        self.check = check_
+        self.check: bool = check_
         limit = config.max_output_bytes if max_output_bytes is None else max_output_bytes
         self.limit = check.positive_int("max_output_bytes", limit)
 
@@ -81,6 +94,7 @@ class Sandbox:
         """The effective settings of this sandbox (the session defaults plus overrides)."""
         self._state = _NEW
         self._handle: SandboxHandle | None = None
+        self._id: str | None = None
         self._start_lock = anyio.Lock()
         self._dead: SandboxDied | None = None
         self._scopes: set[anyio.CancelScope] = set()
@@ -95,8 +109,8 @@ class Sandbox:
 
     @property
     def id(self) -> str | None:
-        """The backend's id, once started."""
-        return None if self._handle is None else self._handle.id
+        """The backend's id, once started (kept after it is stopped)."""
+        return self._id
 
     @property
     def tags(self) -> tuple[str, ...]:
@@ -157,7 +171,8 @@ class Sandbox:
                 raise SandboxClosed("the sandbox was stopped while it started")
             if self._state == _STARTING:  # else stop() is waiting for this lock to remove it
                 self._state = _RUNNING
-            self._log = self._log.bind(sandbox_id=self._handle.id)
+            self._id = self._handle.id
+            self._log = self._log.bind(sandbox_id=self._id)
         return self
 
     async def stop(self) -> None:
@@ -199,7 +214,10 @@ class Sandbox:
     async def info(self) -> SandboxInfo:
         """The backend's current description of this sandbox."""
         handle = await self._live_handle()
-        return await self._session._operation("inspect", handle.inspect, sandbox=self)
+        session = self._session
+        return await session._operation(
+            "inspect", handle.inspect, timeout=session.timeouts.operation, sandbox=self
+        )
 
     # -- commands -----------------------------------------------------------------------
 
@@ -280,7 +298,7 @@ class Sandbox:
             async with send:
                 try:
                     stream._result = await self._run(args, buffers, on_output)
-                except Exception as exc:  # delivered by stream.wait(), not by the task group
+                except Exception as exc:  # noqa: BLE001 - delivered by stream.wait()
                     stream._error = exc
 
         with single_error():
@@ -309,7 +327,10 @@ class Sandbox:
                     try:
                         status = await session._backend_call(
                             handle.exec(
-                                args.argv, cwd=args.cwd, env=args.env, stdin=args.stdin,
+                                args.argv,
+                                cwd=args.cwd,
+                                env=args.env,
+                                stdin=args.stdin,
                                 on_output=on_output,
                             ),
                             sandbox=self,
@@ -324,9 +345,9 @@ class Sandbox:
         timed_out = status is None
         if status is None:
             if self._state in (_STOPPING, _CLOSED):
-                error = SandboxClosed("the sandbox was stopped while the command ran")
-                session._exec_finished(self, None, error)
-                raise error
+                closed = SandboxClosed("the sandbox was stopped while the command ran")
+                session._exec_finished(self, None, closed)
+                raise closed
             status = ExitStatus(returncode=137, signal=9)  # the backend SIGKILLed the tree
         out, err = buffers["stdout"], buffers["stderr"]
         result = ExecResult(
@@ -344,12 +365,16 @@ class Sandbox:
             oom_killed=status.oom_killed,
         )
         if timed_out:
-            error = ExecTimeout(f"command timed out after {args.timeout}s: {_short(args.argv)}", result)
+            error = ExecTimeout(
+                f"command timed out after {args.timeout}s: {_short(args.argv)}", result
+            )
             session._exec_finished(self, result, error)
             raise error
         session._exec_finished(self, result, None)
         if args.check and result.returncode != 0:
-            raise ExecFailed(f"command exited with status {result.returncode}: {_short(args.argv)}", result)
+            raise ExecFailed(
+                f"command exited with status {result.returncode}: {_short(args.argv)}", result
+            )
         return result
 
     # -- files --------------------------------------------------------------------------
@@ -362,7 +387,6 @@ class Sandbox:
         """
         target = check.sandbox_path("path", path, workdir=self.config.workdir)
         limit = check.positive_int("max_bytes", max_bytes)
-        assert limit is not None
         handle = await self._live_handle()
         async with self._session._exec_slot():
             return await self._session._backend_call(
@@ -375,16 +399,14 @@ class Sandbox:
         Parent directories are created. Raises :class:`SandboxFileError`.
         """
         target = check.sandbox_path("path", path, workdir=self.config.workdir)
-        if isinstance(data, str):
-            data = data.encode()
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise InvalidArgument(f"data must be bytes or str, got {type(data).__name__}")
-        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
-            raise InvalidArgument(f"mode must be a permission number such as 0o644, got {mode!r}")
+        content: object = data.encode() if isinstance(data, str) else data
+        if not isinstance(content, bytes | bytearray | memoryview):
+            raise InvalidArgument(f"data must be bytes or str, got {type(content).__name__}")
+        check.permission_mode("mode", mode)
         handle = await self._live_handle()
         async with self._session._exec_slot():
             await self._session._backend_call(
-                handle.write_file(target, bytes(data), mode=mode), sandbox=self
+                handle.write_file(target, bytes(content), mode=mode), sandbox=self
             )
 
     async def upload(self, local: str | PathLike[str], remote: str) -> None:
@@ -421,11 +443,13 @@ class Sandbox:
             raise InvalidArgument(f"local must be a str or os.PathLike, got {local!r}")
         if max_bytes is not None:
             check.positive_int("max_bytes", max_bytes)
-        dest = Path(local).absolute()
+        dest = Path(local)
         handle = await self._live_handle()
-        async with self._session._exec_slot():
-            async with self._session._backend_context(handle.get_archive(source), sandbox=self) as chunks:
-                await _archive.unpack(chunks, dest, max_bytes=max_bytes, label=source)
+        async with (
+            self._session._exec_slot(),
+            self._session._backend_context(handle.get_archive(source), sandbox=self) as chunks,
+        ):
+            await _archive.unpack(chunks, dest, max_bytes=max_bytes, label=source)
 
     # -- internals ----------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ deadlines, retries, error mapping, logging, and cleanup that survives cancellati
 
 from __future__ import annotations
 
+import builtins
 import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -132,7 +133,15 @@ class Session:
         self._lifecycle = Limiter("lifecycle", self.limits.max_lifecycle, capacity_timeout=timeout)
         self._execs = Limiter("execs", self.limits.max_execs, capacity_timeout=timeout)
         self._counts = dict.fromkeys(
-            ("started", "removed", "start_failures", "remove_failures", "finished", "timed_out", "failed"),
+            (
+                "started",
+                "removed",
+                "start_failures",
+                "remove_failures",
+                "finished",
+                "timed_out",
+                "failed",
+            ),
             0,
         )
         self._log = logger.bind(session_id=self.id, backend=self._backend_name)
@@ -212,7 +221,7 @@ class Session:
             async def stop(sandbox: Sandbox) -> None:
                 try:
                     await sandbox.stop()
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - every sandbox gets its turn first
                     errors.append(exc)
 
             async with anyio.create_task_group() as tg:
@@ -221,7 +230,7 @@ class Session:
             if self._stack is not None:
                 try:
                     await self._stack.aclose()
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - raised below, after the bookkeeping
                     errors.append(exc)
         self._state = _CLOSED
         self._log.debug("session.closed", statistics=self._counts)
@@ -231,7 +240,8 @@ class Session:
     def _check_open(self) -> None:
         if self._state != _OPEN:
             raise SandboxClosed(
-                "the session is closed" if self._state != _NEW
+                "the session is closed"
+                if self._state != _NEW
                 else "the session is not open; use `async with Session(...) as session`"
             )
 
@@ -273,7 +283,7 @@ class Session:
         """
         if not isinstance(awaitable, Awaitable):
             raise InvalidArgument(f"submit() needs an awaitable, got {awaitable!r}")
-        op = Operation(awaitable, name or getattr(awaitable, "__qualname__", "operation"))
+        op = Operation(awaitable, name or str(getattr(awaitable, "__qualname__", "operation")))
         if self._state != _OPEN or self._task_group is None:
             op._discard()
             self._check_open()
@@ -287,7 +297,7 @@ class Session:
         tags: Iterable[str] = (),
         status: SandboxStatus | str | Iterable[SandboxStatus | str] | None = None,
         this_session: bool = False,
-    ) -> list[SandboxInfo]:
+    ) -> builtins.list[SandboxInfo]:
         """Sandboxes of the backend carrying all ``tags`` — of any session or process,
         unless ``this_session`` — optionally only those in ``status``."""
         labels = _owner.tag_labels(check.tags(tuple(tags) if not isinstance(tags, str) else tags))
@@ -299,24 +309,33 @@ class Session:
         infos = await self._operation(
             "list", lambda: backend.list(labels=labels), timeout=self.timeouts.operation
         )
-        out = [msgspec.structs.replace(i, tags=_owner.tags_of(i.labels), backend=self._backend_name) for i in infos]
+        out = [
+            msgspec.structs.replace(i, tags=_owner.tags_of(i.labels), backend=self._backend_name)
+            for i in infos
+        ]
         return [i for i in out if wanted is None or i.status in wanted]
 
     async def delete(
         self,
         *,
-        tags: Iterable[str],
+        tags: Iterable[str] = (),
+        ids: Iterable[str] = (),
         status: SandboxStatus | str | Iterable[SandboxStatus | str] | None = None,
-    ) -> list[str]:
-        """Remove every sandbox carrying all ``tags`` (at least one tag is required), of any
-        session; return the removed ids."""
+    ) -> builtins.list[str]:
+        """Remove sandboxes of any session: those with the given ``ids``, and every one
+        carrying all ``tags`` (optionally only in ``status``). Return the ids now gone.
+        At least one tag or id is required (deleting everything takes a tag)."""
         tag_tuple = check.tags(tuple(tags) if not isinstance(tags, str) else tags)
-        if not tag_tuple:
-            raise InvalidArgument("delete() needs at least one tag (refusing to delete everything)")
-        infos = await self.list(tags=tag_tuple, status=status)
-        return await self._remove_ids([i.id for i in infos])
+        if isinstance(ids, str):
+            raise InvalidArgument("ids must be a sequence of sandbox ids, not a single string")
+        targets = [check.identifier("sandbox id", sandbox_id) for sandbox_id in ids]
+        if not tag_tuple and not targets:
+            raise InvalidArgument("delete() needs tags or ids (refusing to delete everything)")
+        if tag_tuple:
+            targets += [i.id for i in await self.list(tags=tag_tuple, status=status)]
+        return await self._remove_ids(list(dict.fromkeys(targets)))
 
-    async def gc(self, *, dry_run: bool = False) -> list[tuple[SandboxInfo, str]]:
+    async def gc(self, *, dry_run: bool = False) -> builtins.list[tuple[SandboxInfo, str]]:
         """Remove sandboxes whose owner process is gone or whose lifetime is over (of any
         session on this backend); return them with the reason. ``dry_run`` only reports."""
         self._check_open()
@@ -390,14 +409,18 @@ class Session:
         sandbox.startup_seconds = anyio.current_time() - started
         self._sandboxes.add(sandbox)
         self._counts["started"] += 1
-        self._log.debug("sandbox.started", sandbox_id=handle.id, seconds=round(sandbox.startup_seconds, 4))
+        self._log.debug(
+            "sandbox.started", sandbox_id=handle.id, seconds=round(sandbox.startup_seconds, 4)
+        )
         return handle
 
     async def _remove(self, sandbox: Sandbox, handle: SandboxHandle) -> None:
         """Remove a started sandbox (called shielded by ``Sandbox.stop``)."""
         try:
             async with self._lifecycle.slot(bounded=False):
-                await self._operation("remove", handle.remove, timeout=self.timeouts.remove, sandbox=None)
+                await self._operation(
+                    "remove", handle.remove, timeout=self.timeouts.remove, sandbox=None
+                )
         except Exception as exc:
             self._counts["remove_failures"] += 1
             self._log.warning("sandbox.remove.failed", sandbox_id=handle.id, error=repr(exc))
@@ -409,11 +432,11 @@ class Session:
             self._sandboxes.discard(sandbox)
             self._live.release()
 
-    async def _remove_ids(self, ids: list[str]) -> list[str]:
+    async def _remove_ids(self, ids: builtins.list[str]) -> builtins.list[str]:
         """Remove sandboxes by id (of any session); return those now gone."""
         ours = {sb.id: sb for sb in self._sandboxes}
         backend = self.backend
-        removed: list[str] = []
+        removed: builtins.list[str] = []
 
         async def remove(sandbox_id: str) -> None:
             try:
@@ -423,7 +446,9 @@ class Session:
                     async with self._lifecycle.slot():
                         try:
                             handle = await self._operation(
-                                "attach", lambda: backend.attach(sandbox_id), timeout=self.timeouts.operation
+                                "attach",
+                                lambda: backend.attach(sandbox_id),
+                                timeout=self.timeouts.operation,
                             )
                         except SandboxNotFound:
                             removed.append(sandbox_id)
@@ -447,7 +472,9 @@ class Session:
     def _exec_started(self, sandbox: Sandbox) -> None:
         pass
 
-    def _exec_finished(self, sandbox: Sandbox, result: ExecResult | None, error: BaseException | None) -> None:
+    def _exec_finished(
+        self, sandbox: Sandbox, result: ExecResult | None, error: BaseException | None
+    ) -> None:
         if result is not None and result.timed_out:
             self._counts["timed_out"] += 1
         elif error is not None:
@@ -487,7 +514,11 @@ class Session:
                     0, min(self.retries.max_backoff, self.retries.backoff * 2 ** (attempt - 1))
                 )
                 self._log.warning(
-                    "backend.retry", operation=name, attempt=attempt, delay=round(delay, 3), error=str(exc)
+                    "backend.retry",
+                    operation=name,
+                    attempt=attempt,
+                    delay=round(delay, 3),
+                    error=str(exc),
                 )
                 await anyio.sleep(delay)
 
@@ -524,7 +555,9 @@ class Session:
 class _MappedChunks:
     """A backend's chunk iterator whose errors are translated like any backend call."""
 
-    def __init__(self, session: Session, chunks: AsyncIterator[bytes], sandbox: Sandbox | None) -> None:
+    def __init__(
+        self, session: Session, chunks: AsyncIterator[bytes], sandbox: Sandbox | None
+    ) -> None:
         self._session = session
         self._chunks = chunks
         self._sandbox = sandbox
@@ -541,7 +574,9 @@ def _statuses(value: object) -> set[SandboxStatus] | None:
         return None
     items = [value] if isinstance(value, str | SandboxStatus) else value
     if not isinstance(items, Iterable):
-        raise InvalidArgument(f"status must be a SandboxStatus or a sequence of them, got {value!r}")
+        raise InvalidArgument(
+            f"status must be a SandboxStatus or a sequence of them, got {value!r}"
+        )
     try:
         return {SandboxStatus(v) for v in items}
     except ValueError:

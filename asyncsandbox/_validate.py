@@ -29,13 +29,32 @@ def seconds(name: str, value: object, *, allow_none: bool = True) -> float | Non
     return float(value)
 
 
-def positive_int(name: str, value: object, *, allow_none: bool = False) -> int | None:
-    """A count >= 1 (or None when allowed)."""
-    if value is None and allow_none:
-        return None
+def positive_int(name: str, value: object) -> int:
+    """A count >= 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgument(f"{name} must be an integer >= 1, got {value!r}")
     return value
+
+
+def optional_positive_int(name: str, value: object) -> int | None:
+    """A count >= 1, or None."""
+    return None if value is None else positive_int(name, value)
+
+
+def absolute_path(name: str, value: object) -> str:
+    """An absolute sandbox path, normalised."""
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise InvalidArgument(f"{name} must be an absolute path, got {value!r}")
+    return sandbox_path(name, value, workdir="/")
+
+
+def optional_text(name: str, value: object) -> str | None:
+    """A non-empty string without NUL bytes, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{name} must be a non-empty str or None, got {value!r}")
+    return no_nul(name, value)
 
 
 def no_nul(name: str, value: str) -> str:
@@ -112,6 +131,20 @@ def sandbox_path(name: str, value: object, *, workdir: str) -> str:
     return "/" + path.lstrip("/")
 
 
+def permission_mode(name: str, value: object) -> int:
+    """File permission bits, such as 0o644."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o7777:
+        raise InvalidArgument(f"{name} must be a permission number such as 0o644, got {value!r}")
+    return value
+
+
+def identifier(name: str, value: object) -> str:
+    """A non-empty printable id."""
+    if not isinstance(value, str) or not value or not value.isprintable():
+        raise InvalidArgument(f"invalid {name} {value!r}")
+    return value
+
+
 def stdin(value: object) -> bytes | None:
     if value is None:
         return None
@@ -124,5 +157,7 @@ def stdin(value: object) -> bytes | None:
 
 def choice(name: str, value: Any, allowed: Sequence[str]) -> str:
     if value not in allowed:
-        raise InvalidArgument(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+        raise InvalidArgument(
+            f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}"
+        )
     return str(value)

@@ -27,6 +27,7 @@ then calls ``BackendClass(**backend_options)``.
 
 from __future__ import annotations
 
+import builtins
 from abc import ABCMeta, abstractmethod
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -211,11 +212,11 @@ class Backend(metaclass=ABCMeta):
         """A handle to an existing sandbox. Raise :class:`~asyncsandbox.SandboxNotFound`."""
 
     @abstractmethod
-    async def list(self, *, labels: Mapping[str, str]) -> list[SandboxInfo]:
+    async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
         """Every sandbox of this backend (any owner) carrying all of ``labels``
         (``""`` matches a label with an empty value)."""
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Release the backend's own resources (connections, tasks). Idempotent."""
 
     async def __aenter__(self) -> Self:

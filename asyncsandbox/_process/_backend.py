@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import builtins
 import contextlib
 import functools
 import os
@@ -12,7 +13,7 @@ import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import anyio
 import anyio.abc
@@ -32,7 +33,14 @@ from .._errors import (
 )
 from .._models import SandboxInfo, SandboxStatus
 from .._util import single_error
-from ..abc import Backend, BackendCapabilities, ExitStatus, OutputCallback, SandboxHandle, SandboxSpec
+from ..abc import (
+    Backend,
+    BackendCapabilities,
+    ExitStatus,
+    OutputCallback,
+    SandboxHandle,
+    SandboxSpec,
+)
 from ._cgroups import Cgroups, SandboxCgroup
 from ._isolation import (
     HOME,
@@ -232,7 +240,9 @@ class ProcessBackend(Backend):
         run_as: int | None = None,
     ) -> None:
         if isolation not in ("auto", "bwrap", "unshare", "none"):
-            raise InvalidArgument(f"isolation must be auto, bwrap, unshare or none, got {isolation!r}")
+            raise InvalidArgument(
+                f"isolation must be auto, bwrap, unshare or none, got {isolation!r}"
+            )
         self.root = Path(root) if root is not None else default_root()
         self._mode: IsolationMode = isolation
         self._run_as = (NOBODY if run_as is None else run_as) if os.geteuid() == 0 else None
@@ -241,7 +251,7 @@ class ProcessBackend(Backend):
         self._caps: BackendCapabilities | None = None
         self._handles: dict[str, ProcessSandbox] = {}
 
-    async def __aenter__(self) -> ProcessBackend:
+    async def __aenter__(self) -> Self:
         await anyio.to_thread.run_sync(self._setup)
         return self
 
@@ -257,11 +267,17 @@ class ProcessBackend(Backend):
         self._caps = BackendCapabilities(
             isolation=self._isolation.description,
             enforced_limits=self._cgroups.controllers if self._cgroups else frozenset(),
-            network_modes=frozenset({"none", "host"} if self._isolation.name != "none" else {"host"}),
+            network_modes=frozenset(
+                {"none", "host"} if self._isolation.name != "none" else {"host"}
+            ),
             reports_signal=False,
         )
-        logger.debug("process.backend.ready", root=str(self.root), isolation=self._isolation.name,
-                     cgroups=self._cgroups.version if self._cgroups else None)
+        logger.debug(
+            "process.backend.ready",
+            root=str(self.root),
+            isolation=self._isolation.name,
+            cgroups=self._cgroups.version if self._cgroups else None,
+        )
 
     @property
     def capabilities(self) -> BackendCapabilities:
@@ -289,12 +305,19 @@ class ProcessBackend(Backend):
                     f"(or None for the host's system); {spec.image!r} is not one"
                 )
         if any(spec.workdir == p or spec.workdir.startswith(p + "/") for p in READ_ONLY_PREFIXES):
-            raise InvalidArgument(f"workdir {spec.workdir!r} is inside a read-only system directory")
+            raise InvalidArgument(
+                f"workdir {spec.workdir!r} is inside a read-only system directory"
+            )
         missing = {"memory_mb", "pids", "cpus"} - self.capabilities.enforced_limits
-        wanted = {n for n in ("memory_mb", "pids", "cpus") if getattr(spec.resources, n) is not None}
+        wanted = {
+            n for n in ("memory_mb", "pids", "cpus") if getattr(spec.resources, n) is not None
+        }
         if wanted & missing:
-            logger.warning("process.limits.unenforced", limits=sorted(wanted & missing),
-                           hint="run as root on a machine with cgroups to enforce them")
+            logger.warning(
+                "process.limits.unenforced",
+                limits=sorted(wanted & missing),
+                hint="run as root on a machine with cgroups to enforce them",
+            )
         sandbox_id = "p-" + uuid.uuid4().hex[:12]
         layout = Layout(self.root / sandbox_id, image, spec.workdir, spec.network)
         now = time.time()
@@ -349,10 +372,10 @@ class ProcessBackend(Backend):
             raise SandboxNotFound(sandbox_id)
         return self._handle_for(meta)
 
-    async def list(self, *, labels: Mapping[str, str]) -> list[SandboxInfo]:
+    async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
         return await anyio.to_thread.run_sync(self._list_sync, dict(labels))
 
-    def _list_sync(self, labels: dict[str, str]) -> list[SandboxInfo]:
+    def _list_sync(self, labels: dict[str, str]) -> builtins.list[SandboxInfo]:
         infos = []
         try:
             names = os.listdir(self.root)
@@ -378,10 +401,8 @@ class ProcessBackend(Backend):
 
     def _remove_sync(self, sandbox_id: str, cgroup: SandboxCgroup | None) -> None:
         trash = self.root / ".trash" / f"{sandbox_id}-{uuid.uuid4().hex[:6]}"
-        try:
+        with contextlib.suppress(FileNotFoundError):
             (self.root / sandbox_id).rename(trash)  # atomic: list() and attach() stop seeing it
-        except FileNotFoundError:
-            pass
         if cgroup is None and self._cgroups is not None:
             cgroup = self._cgroups.attach(sandbox_id)
         if cgroup is not None:
@@ -391,7 +412,9 @@ class ProcessBackend(Backend):
 
 
 class ProcessSandbox(SandboxHandle):
-    def __init__(self, backend: ProcessBackend, layout: Layout, meta: _Meta, cgroup: SandboxCgroup | None) -> None:
+    def __init__(
+        self, backend: ProcessBackend, layout: Layout, meta: _Meta, cgroup: SandboxCgroup | None
+    ) -> None:
         self._backend = backend
         self._layout = layout
         self._meta = meta
@@ -417,7 +440,9 @@ class ProcessSandbox(SandboxHandle):
         if expires is not None and expires < time.time():
             raise SandboxDied(self.id, "max lifetime exceeded")
 
-    def _command(self, argv: tuple[str, ...], cwd: str, env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    def _command(
+        self, argv: tuple[str, ...], cwd: str, env: Mapping[str, str]
+    ) -> tuple[list[str], dict[str, str]]:
         args, spawn_env = self._backend.isolation.command(self._layout, argv, cwd=cwd, env=env)
         if self._cgroup is not None:
             args = ["/bin/sh", "-c", JOIN_CGROUPS, "sh", *self._cgroup.procs_files, "--", *args]
@@ -461,11 +486,14 @@ class ProcessSandbox(SandboxHandle):
     ) -> ExitStatus:
         expires = self._meta.expires_at
         oom_before = self._cgroup.oom_kills() if self._cgroup else 0
-        with anyio.move_on_after(float("inf") if expires is None else expires - time.time()) as lifetime:
+        with anyio.move_on_after(
+            float("inf") if expires is None else expires - time.time()
+        ) as lifetime:
             async with self._spawn(argv, cwd=cwd, env=env, stdin=stdin is not None) as process:
                 with single_error():
                     async with anyio.create_task_group() as tg:
-                        assert process.stdout is not None and process.stderr is not None
+                        assert process.stdout is not None
+                        assert process.stderr is not None
                         tg.start_soon(_pump, process.stdout, "stdout", on_output)
                         tg.start_soon(_pump, process.stderr, "stderr", on_output)
                         if stdin is not None:
@@ -488,7 +516,12 @@ class ProcessSandbox(SandboxHandle):
         return ExitStatus(returncode=returncode, signal=9 if oom else None, oom_killed=oom)
 
     async def _run_script(
-        self, script: str, args: tuple[str, ...], *, stdin: bytes | None = None, limit: int | None = None,
+        self,
+        script: str,
+        args: tuple[str, ...],
+        *,
+        stdin: bytes | None = None,
+        limit: int | None = None,
         path: str,
     ) -> bytes:
         """Run a file-operation script as the sandbox user; return stdout or raise."""
@@ -507,25 +540,37 @@ class ProcessSandbox(SandboxHandle):
             chunks.append(data)
 
         status = await self.exec(
-            ("/bin/sh", "-c", script, "sh", *args), cwd="/", env={"LC_ALL": "C"},
-            stdin=stdin, on_output=collect,
+            ("/bin/sh", "-c", script, "sh", *args),
+            cwd="/",
+            env={"LC_ALL": "C"},
+            stdin=stdin,
+            on_output=collect,
         )
         if status.returncode != 0:
             raise _file_error(path, status.returncode, bytes(stderr))
         return b"".join(chunks)
 
     async def read_file(self, path: str, *, max_bytes: int) -> bytes:
-        return await self._run_script(_READ, (self._mapped(path), str(max_bytes)), limit=max_bytes, path=path)
+        return await self._run_script(
+            _READ, (self._mapped(path), str(max_bytes)), limit=max_bytes, path=path
+        )
 
     async def write_file(self, path: str, data: bytes, *, mode: int) -> None:
-        await self._run_script(_WRITE, (self._mapped(path), format(mode, "o")), stdin=data, path=path)
+        await self._run_script(
+            _WRITE, (self._mapped(path), format(mode, "o")), stdin=data, path=path
+        )
 
     async def put_archive(self, path: str, archive: AsyncIterable[bytes]) -> None:
         self._check_alive()
         stderr = bytearray()
-        async with self._spawn(("/bin/sh", "-c", _PUT_ARCHIVE, "sh", self._mapped(path)),
-                               cwd="/", env={"LC_ALL": "C"}, stdin=True) as process:
-            assert process.stdin is not None and process.stderr is not None
+        async with self._spawn(
+            ("/bin/sh", "-c", _PUT_ARCHIVE, "sh", self._mapped(path)),
+            cwd="/",
+            env={"LC_ALL": "C"},
+            stdin=True,
+        ) as process:
+            assert process.stdin is not None
+            assert process.stderr is not None
             with single_error():
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_drain, process.stderr, stderr)
@@ -535,7 +580,9 @@ class ProcessSandbox(SandboxHandle):
                     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                         pass  # tar stopped reading: its exit status says why
                     finally:
-                        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        with contextlib.suppress(
+                            anyio.BrokenResourceError, anyio.ClosedResourceError
+                        ):
                             await process.stdin.aclose()
                     returncode = await process.wait()
         if returncode != 0:
@@ -544,9 +591,14 @@ class ProcessSandbox(SandboxHandle):
     @asynccontextmanager
     async def get_archive(self, path: str) -> AsyncIterator[AsyncIterator[bytes]]:
         stderr = bytearray()
-        async with self._spawn(("/bin/sh", "-c", _GET_ARCHIVE, "sh", self._mapped(path)),
-                               cwd="/", env={"LC_ALL": "C"}, stdin=False) as process:
-            assert process.stdout is not None and process.stderr is not None
+        async with self._spawn(
+            ("/bin/sh", "-c", _GET_ARCHIVE, "sh", self._mapped(path)),
+            cwd="/",
+            env={"LC_ALL": "C"},
+            stdin=False,
+        ) as process:
+            assert process.stdout is not None
+            assert process.stderr is not None
             with single_error():
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_drain, process.stderr, stderr)

@@ -49,7 +49,9 @@ class Cgroups:
             enabled = (directory / "cgroup.subtree_control").read_text().split()
             missing = [c for c in wanted if c not in enabled]
             if missing:
-                (directory / "cgroup.subtree_control").write_text(" ".join("+" + c for c in missing))
+                (directory / "cgroup.subtree_control").write_text(
+                    " ".join("+" + c for c in missing)
+                )
         return cls(2, {"unified": base})
 
     @classmethod

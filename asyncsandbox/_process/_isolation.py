@@ -111,7 +111,14 @@ class Isolation:
         full_env = base_env(env)
         full_env["HOME"] = layout.host_path(HOME)
         full_env["TMPDIR"] = layout.host_path("/tmp")
-        return [*self._privilege_drop(), "/bin/sh", "-c", ENTRY, layout.host_path(cwd), *argv], full_env
+        return [
+            *self._privilege_drop(),
+            "/bin/sh",
+            "-c",
+            ENTRY,
+            layout.host_path(cwd),
+            *argv,
+        ], full_env
 
 
 class Bubblewrap(Isolation):
@@ -128,10 +135,20 @@ class Bubblewrap(Isolation):
         args = [
             *self._privilege_drop(),
             self.executable,
-            "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--hostname", "sandbox",
-            "--die-with-parent", "--new-session", "--clearenv",
+            "--unshare-user",
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_UID),
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--hostname",
+            "sandbox",
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
         ]
         if layout.network == "none":
             args.append("--unshare-net")
@@ -147,9 +164,16 @@ class Bubblewrap(Isolation):
                 elif host.is_dir():
                     args += ["--ro-bind", str(host), f"/{name}"]
         args += [
-            "--ro-bind", str(layout.root / "passwd"), "/etc/passwd",
-            "--ro-bind", str(layout.root / "group"), "/etc/group",
-            "--proc", "/proc", "--dev", "/dev",
+            "--ro-bind",
+            str(layout.root / "passwd"),
+            "/etc/passwd",
+            "--ro-bind",
+            str(layout.root / "group"),
+            "/etc/group",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
         ]
         for host_dir, inside in layout.writable():
             args += ["--bind", str(host_dir), inside]
@@ -205,19 +229,37 @@ exec chroot "$view" /bin/sh -c 'cd -- "$0" 2>/dev/null || { echo "cannot change 
         args = [
             *self._privilege_drop(),
             self.executable,
-            "--user", "--map-root-user", "--mount", "--pid", "--fork", "--kill-child",
-            "--ipc", "--uts", "--propagation", "private",
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--ipc",
+            "--uts",
+            "--propagation",
+            "private",
         ]
         if layout.network == "none":
             args.append("--net")
         image = "" if layout.image is None else str(layout.image)
-        args += ["/bin/sh", "-c", self.SCRIPT, "sh", str(layout.root), image, layout.workdir, cwd, *argv]
+        args += [
+            "/bin/sh",
+            "-c",
+            self.SCRIPT,
+            "sh",
+            str(layout.root),
+            image,
+            layout.workdir,
+            cwd,
+            *argv,
+        ]
         return args, base_env(env)
 
 
 def probe(isolation: Isolation, scratch: Path) -> str | None:
     """Run ``true`` in a throwaway sandbox; return an error message if that fails."""
-    from ._backend import prepare_layout  # noqa: PLC0415 - avoids an import cycle
+    from ._backend import prepare_layout
 
     layout = Layout(scratch, None, "/workspace", "none")
     prepare_layout(layout, isolation.run_as)

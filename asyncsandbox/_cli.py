@@ -1,0 +1,228 @@
+"""The ``asyncsandbox`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import anyio
+import structlog
+
+from ._config import SandboxDefaults
+from ._errors import ExecTimeout, SandboxError
+from ._models import SandboxInfo
+from ._registry import available_backends, create_backend
+from ._session import Session
+
+
+def _configure_logging(verbosity: int) -> None:
+    # The CLI is an application, so it may configure structlog (the library never does).
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def _backend_options(pairs: Sequence[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--backend-option needs KEY=VALUE, got {pair!r}")
+        try:
+            options[key] = json.loads(value)  # numbers, booleans, null
+        except ValueError:
+            options[key] = value
+    return options
+
+
+def _session(args: argparse.Namespace, **defaults: Any) -> Session:
+    return Session(
+        args.backend,
+        backend_options=_backend_options(args.backend_option),
+        defaults=SandboxDefaults(**defaults),
+        sweep=False,
+    )
+
+
+def _print_infos(infos: list[SandboxInfo], as_json: bool) -> None:
+    if as_json:
+        import msgspec
+
+        print(msgspec.json.encode(infos).decode())
+        return
+    if not infos:
+        print("no sandboxes")
+        return
+    print(f"{'ID':<20} {'STATUS':<9} {'AGE':>8}  TAGS")
+    now = time.time()
+    for info in infos:
+        age = "" if info.created_at is None else f"{now - info.created_at:7.0f}s"
+        print(f"{info.id:<20} {info.status.value:<9} {age:>8}  {','.join(info.tags)}")
+
+
+async def _cmd_demo(args: argparse.Namespace) -> int:
+    from ._demo import run_demo
+
+    return await run_demo(
+        args.backend, timeout=args.timeout, backend_options=_backend_options(args.backend_option)
+    )
+
+
+async def _cmd_exec(args: argparse.Namespace) -> int:
+    if not args.argv:
+        raise SystemExit("exec needs a command, e.g.: asyncsandbox exec -- python3 -c 'print(1)'")
+    stdin = sys.stdin.buffer.read() if args.stdin else None
+    defaults: dict[str, Any] = {"tags": tuple(args.tag)}
+    if args.image:
+        defaults["image"] = args.image
+    async with _session(args, **defaults) as session:
+        try:
+            result = await session.run(args.argv, stdin=stdin, timeout=args.timeout)
+        except ExecTimeout as exc:
+            result = exc.result
+            print(f"asyncsandbox: timed out after {args.timeout}s", file=sys.stderr)
+    sys.stdout.buffer.write(result.stdout)
+    sys.stderr.buffer.write(result.stderr)
+    if result.truncated:
+        print("asyncsandbox: output was truncated (kept head and tail)", file=sys.stderr)
+    return result.returncode
+
+
+async def _cmd_ls(args: argparse.Namespace) -> int:
+    async with _session(args) as session:
+        infos = await session.list(tags=args.tag, status=args.status or None)
+    _print_infos(infos, args.json)
+    return 0
+
+
+async def _cmd_rm(args: argparse.Namespace) -> int:
+    if not args.ids and not args.tag:
+        raise SystemExit("rm needs sandbox ids or --tag (refusing to remove everything)")
+    async with _session(args) as session:
+        known = {i.id for i in await session.list()} if args.ids else set()
+        missing = [i for i in args.ids if i not in known]
+        removed = await session.delete(
+            ids=[i for i in args.ids if i in known], tags=args.tag, status=args.status or None
+        )
+    for sandbox_id in removed:
+        print(f"removed {sandbox_id}")
+    for sandbox_id in missing:
+        print(f"not found: {sandbox_id}", file=sys.stderr)
+    return 1 if missing else 0
+
+
+async def _cmd_gc(args: argparse.Namespace) -> int:
+    async with _session(args) as session:
+        garbage = await session.gc(dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for info, reason in garbage:
+        print(f"{verb} {info.id} ({reason})")
+    if not garbage:
+        print("nothing to collect")
+    return 0
+
+
+async def _cmd_backends(args: argparse.Namespace) -> int:
+    for name in sorted(available_backends()):
+        try:
+            backend = create_backend(name)
+            async with backend:
+                caps = backend.capabilities
+            detail = (
+                f"{caps.isolation}; limits: {', '.join(sorted(caps.enforced_limits)) or 'none'}"
+            )
+        except SandboxError as exc:
+            detail = f"unavailable: {exc}"
+        print(f"{name:<8} {detail}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
+    "demo": _cmd_demo,
+    "exec": _cmd_exec,
+    "ls": _cmd_ls,
+    "rm": _cmd_rm,
+    "gc": _cmd_gc,
+    "backends": _cmd_backends,
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asyncsandbox", description="Run untrusted code in isolated sandboxes."
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
+    parser.add_argument("--async-library", choices=["asyncio", "trio"], default="asyncio")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--backend", default="process", help="backend name (default: process)")
+    common.add_argument(
+        "--backend-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="backend constructor option (repeatable), e.g. root=/tmp/sandboxes",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser(
+        "demo", parents=[common], help="score model-written programs in parallel sandboxes"
+    )
+    demo.add_argument("--timeout", type=float, default=3.0, help="seconds per program (default 3)")
+
+    exe = sub.add_parser("exec", parents=[common], help="run one command in a fresh sandbox")
+    exe.add_argument("--image", help="image (docker) or root filesystem directory (process)")
+    exe.add_argument("--timeout", type=float, default=None, help="command timeout in seconds")
+    exe.add_argument("--tag", action="append", default=[], help="tag the sandbox (repeatable)")
+    exe.add_argument("--stdin", action="store_true", help="pass our stdin to the command")
+    exe.add_argument("argv", nargs=argparse.REMAINDER, help="the command, after --")
+
+    ls = sub.add_parser("ls", parents=[common], help="list sandboxes (of any session)")
+    ls.add_argument(
+        "--tag", action="append", default=[], help="only with this tag (repeatable: all)"
+    )
+    ls.add_argument(
+        "--status", action="append", default=[], help="only in this status (repeatable)"
+    )
+    ls.add_argument("--json", action="store_true", help="print JSON")
+
+    rm = sub.add_parser("rm", parents=[common], help="remove sandboxes by id or by tag")
+    rm.add_argument("ids", nargs="*", help="sandbox ids")
+    rm.add_argument(
+        "--tag", action="append", default=[], help="remove all with this tag (repeatable: all)"
+    )
+    rm.add_argument("--status", action="append", default=[], help="only in this status")
+
+    gc = sub.add_parser(
+        "gc", parents=[common], help="remove sandboxes of dead owners or past their lifetime"
+    )
+    gc.add_argument("--dry-run", action="store_true", help="only show what would be removed")
+
+    sub.add_parser("backends", help="list backends and what they can do")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "exec" and args.argv[:1] == ["--"]:
+        args.argv = args.argv[1:]
+    _configure_logging(args.verbose)
+    try:
+        return anyio.run(COMMANDS[args.command], args, backend=args.async_library)
+    except SandboxError as exc:
+        print(f"asyncsandbox: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

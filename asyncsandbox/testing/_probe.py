@@ -1,0 +1,86 @@
+"""The probe: a small stdlib-only Python program the conformance suite runs inside
+sandboxes (as ``python3 -c PROBE MODE ARGS...``), so one suite exercises every backend with
+the same, precisely known behaviour. The FakeBackend emulates it.
+
+Modes: ``echo`` (stdin to stdout), ``env NAME``, ``pwd``, ``exit N``,
+``emit STREAM NBYTES`` (16-byte lines holding their own offset), ``binary``,
+``heartbeat FILE`` (append a byte every 20 ms), ``tree DIR`` (a child ignoring SIGTERM and a
+setsid'd double-forked daemon, both heartbeating into DIR, then sleep), ``spawn-and-exit DIR``
+(leave a daemon holding stdout open, heartbeating, and exit), ``sleep SECONDS``,
+``cat FILE``, ``write FILE TEXT``, ``mode FILE`` (permission bits in octal).
+"""
+
+from __future__ import annotations
+
+PROBE = r"""
+import os, signal, sys, time
+mode, args = sys.argv[1], sys.argv[2:]
+out = sys.stdout.buffer
+
+def beat(path):
+    while True:
+        with open(path, "ab") as f:
+            f.write(b".")
+        time.sleep(0.02)
+
+def daemon(path):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            beat(path)
+        os._exit(0)
+
+if mode == "echo":
+    out.write(sys.stdin.buffer.read())
+elif mode == "env":
+    out.write(os.environ.get(args[0], "<unset>").encode())
+elif mode == "pwd":
+    out.write(os.getcwd().encode())
+elif mode == "exit":
+    sys.exit(int(args[0]))
+elif mode == "emit":
+    stream = out if args[0] == "stdout" else sys.stderr.buffer
+    total = int(args[1])
+    for start in range(0, total, 1 << 16):
+        stream.write(b"".join(b"%015d\n" % i for i in range(start, min(start + (1 << 16), total), 16)))
+    stream.flush()
+elif mode == "binary":
+    out.write(bytes(range(256)) * 4)
+    sys.stderr.buffer.write(b"invalid \xff\xfe utf-8")
+elif mode == "heartbeat":
+    beat(args[0])
+elif mode == "tree":
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        beat(os.path.join(args[0], "child.hb"))
+    daemon(os.path.join(args[0], "daemon.hb"))
+    out.write(b"ready\n")
+    out.flush()
+    time.sleep(3600)
+elif mode == "spawn-and-exit":
+    daemon(os.path.join(args[0], "bg.hb"))
+    out.write(b"parent done\n")
+elif mode == "sleep":
+    time.sleep(float(args[0]))
+elif mode == "cat":
+    with open(args[0], "rb") as f:
+        out.write(f.read())
+elif mode == "write":
+    with open(args[0], "wb") as f:
+        f.write(args[1].encode())
+elif mode == "mode":
+    out.write(b"%o" % (os.stat(args[0]).st_mode & 0o777))
+else:
+    sys.exit("unknown probe mode " + mode)
+"""
+
+
+def probe(mode: str, *args: object) -> list[str]:
+    """The argv that runs the probe in ``mode``."""
+    return ["python3", "-c", PROBE, mode, *map(str, args)]
+
+
+def emitted(total: int) -> bytes:
+    """What ``emit`` writes for ``total`` bytes (a multiple of 16)."""
+    return b"".join(b"%015d\n" % i for i in range(0, total, 16))
