@@ -1,6 +1,8 @@
 """asyncsandbox: run untrusted, model-written code in isolated sandboxes, thousands at a
 time, from one async process (asyncio or trio)."""
 
+import msgspec as _msgspec
+
 from ._config import (
     Limits as Limits,
     Resources as Resources,
@@ -81,8 +83,12 @@ __all__ = (
     "SandboxOOMKilled",
 )
 
+# Show public objects as `asyncsandbox.X`. msgspec Structs keep their module: msgspec
+# resolves their annotations through it.
 for _name in __all__:
     _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("asyncsandbox._"):
+    if getattr(_obj, "__module__", "").startswith("asyncsandbox._") and not (
+        isinstance(_obj, type) and issubclass(_obj, _msgspec.Struct)
+    ):
         _obj.__module__ = "asyncsandbox"
 del _name, _obj

@@ -109,9 +109,10 @@ async def _cmd_rm(args: argparse.Namespace) -> int:
     async with _session(args) as session:
         known = {i.id for i in await session.list()} if args.ids else set()
         missing = [i for i in args.ids if i not in known]
-        removed = await session.delete(
-            ids=[i for i in args.ids if i in known], tags=args.tag, status=args.status or None
-        )
+        present = [i for i in args.ids if i in known]
+        removed = []
+        if present or args.tag:
+            removed = await session.delete(ids=present, tags=args.tag, status=args.status or None)
     for sandbox_id in removed:
         print(f"removed {sandbox_id}")
     for sandbox_id in missing:

@@ -11,7 +11,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, final
 
 import anyio
-import structlog
 from anyio import TypedAttributeLookupError
 
 from . import _archive, _validate as check
@@ -33,8 +32,6 @@ if TYPE_CHECKING:
     from ._session import Session
 
 __all__ = ("ExecStream", "Sandbox")
-
-logger = structlog.get_logger("asyncsandbox")
 
 T = TypeVar("T")
 T_Attr = TypeVar("T_Attr")
@@ -98,7 +95,7 @@ class Sandbox:
         self._start_lock = anyio.Lock()
         self._dead: SandboxDied | None = None
         self._scopes: set[anyio.CancelScope] = set()
-        self._log = logger.bind(session_id=session.id)
+        self._log = session._log
         self._execs = 0
         self.started_at: float | None = None
         """``time.time()`` when the sandbox became ready."""

@@ -14,7 +14,6 @@ from typing import Any, Self, TypeVar, final
 
 import anyio
 import msgspec
-import structlog
 
 from . import _owner, _validate as check
 from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts
@@ -28,6 +27,7 @@ from ._errors import (
     SandboxNotFound,
 )
 from ._limits import Limiter, LimiterStatistics
+from ._log import get_logger
 from ._models import ExecResult, SandboxInfo, SandboxStatus
 from ._operations import Operation
 from ._registry import create_backend
@@ -36,8 +36,6 @@ from ._util import current_async_library
 from .abc import Backend, SandboxHandle, SandboxSpec
 
 __all__ = ("Session", "SessionStatistics")
-
-logger = structlog.get_logger("asyncsandbox")
 
 T = TypeVar("T")
 
@@ -144,7 +142,7 @@ class Session:
             ),
             0,
         )
-        self._log = logger.bind(session_id=self.id, backend=self._backend_name)
+        self._log = get_logger(session_id=self.id, backend=self._backend_name)
 
     # -- open / close -------------------------------------------------------------------
 

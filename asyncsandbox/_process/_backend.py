@@ -6,6 +6,7 @@ import functools
 import os
 import re
 import shutil
+import signal
 import stat
 import sys
 import time
@@ -19,7 +20,6 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 import msgspec
-import structlog
 from anyio import TypedAttributeSet, typed_attribute
 from anyio.abc import ByteReceiveStream
 
@@ -31,6 +31,7 @@ from .._errors import (
     SandboxFileError,
     SandboxNotFound,
 )
+from .._log import get_logger
 from .._models import SandboxInfo, SandboxStatus
 from .._util import single_error
 from ..abc import (
@@ -57,13 +58,12 @@ from ._isolation import (
 
 __all__ = ("ProcessAttributes", "ProcessBackend")
 
-logger = structlog.get_logger("asyncsandbox.process")
-
 IsolationMode = Literal["auto", "bwrap", "unshare", "none"]
 NOBODY = 65534
 KILL_DEADLINE = 10.0
 READ_CHUNK = 256 * 1024
 UNISOLATED_PIPE_GRACE = 1.0
+LAUNCHER_EXIT_GRACE = 3.0
 
 
 class ProcessAttributes(TypedAttributeSet):
@@ -272,7 +272,7 @@ class ProcessBackend(Backend):
             ),
             reports_signal=False,
         )
-        logger.debug(
+        get_logger().debug(
             "process.backend.ready",
             root=str(self.root),
             isolation=self._isolation.name,
@@ -308,12 +308,18 @@ class ProcessBackend(Backend):
             raise InvalidArgument(
                 f"workdir {spec.workdir!r} is inside a read-only system directory"
             )
+        top, _, rest = spec.workdir.strip("/").partition("/")
+        if image and rest and (image / top).is_dir() and not (image / spec.workdir[1:]).is_dir():
+            raise InvalidArgument(
+                f"workdir {spec.workdir!r} is inside the image's read-only /{top}: use a "
+                "top-level directory or one that exists in the image"
+            )
         missing = {"memory_mb", "pids", "cpus"} - self.capabilities.enforced_limits
         wanted = {
             n for n in ("memory_mb", "pids", "cpus") if getattr(spec.resources, n) is not None
         }
         if wanted & missing:
-            logger.warning(
+            get_logger().warning(
                 "process.limits.unenforced",
                 limits=sorted(wanted & missing),
                 hint="run as root on a machine with cgroups to enforce them",
@@ -466,13 +472,10 @@ class ProcessSandbox(SandboxHandle):
         try:
             yield process
         finally:
-            # Shielded and bounded: the process (its whole namespace, via --die-with-parent)
-            # must be dead before we return, even when our caller is being cancelled.
+            # Shielded and bounded: every process of the command must be dead before we
+            # return, even when our caller is being cancelled.
             with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_DEADLINE):
-                if process.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        process.kill()
-                await process.aclose()
+                await _terminate(process)
             self._processes.discard(process)
 
     async def exec(
@@ -631,6 +634,37 @@ class ProcessSandbox(SandboxHandle):
                 process.kill()
         await anyio.to_thread.run_sync(self._backend._remove_sync, self.id, self._cgroup)
         self._backend._handles.pop(self.id, None)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(child) for child in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+async def _terminate(process: anyio.abc.Process) -> None:
+    """Kill a launched command and everything in its PID namespace; return once all died.
+
+    Our child is the launcher (bwrap or unshare); its child is the namespace's PID 1.
+    Killing PID 1 makes the kernel kill every process of the namespace, and the launcher
+    exits only after it has reaped PID 1, which happens only once the namespace is empty.
+    (Killing just the launcher would work too, through --die-with-parent / --kill-child,
+    but asynchronously: processes could outlive our return by a moment.)
+    """
+    if process.returncode is None:
+        inner = _children(process.pid)
+        for pid in inner:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if inner:
+            with anyio.move_on_after(LAUNCHER_EXIT_GRACE):
+                await process.wait()
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+    await process.aclose()
 
 
 class _Chunks:

@@ -13,6 +13,7 @@ default): root-only host files stay unreadable even through the read-only view.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -27,6 +28,8 @@ BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Host directories forming the read-only system view (when no image is given).
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt")
+# Top-level entries of an image that the sandbox provides itself.
+PROVIDED = frozenset({"proc", "dev", "sys", "tmp", "home", "run"})
 READ_ONLY_PREFIXES = ("/usr", "/bin", "/sbin", "/lib", "/etc", "/opt", "/proc", "/dev", "/sys")
 
 # Runs inside the sandbox before the command: a bad cwd or a missing program exits like a
@@ -67,6 +70,26 @@ class Layout:
         if not any(self.workdir == p or self.workdir.startswith(p + "/") for _, p in pairs):
             pairs.append((self.work, self.workdir))
         return pairs
+
+    @functools.cached_property
+    def view(self) -> list[tuple[str, str, str]]:
+        """The read-only part of the filesystem view: (kind, name, symlink target) for each
+        top-level entry, kind ``d`` (bind-mounted directory or file) or ``l`` (symlink).
+        Mounting entries one by one over an empty root (rather than the whole image at /)
+        leaves room to create the writable mount points."""
+        if self.image is None:
+            source, names = Path("/"), list(SYSTEM_DIRS)
+        else:
+            source = self.image
+            names = sorted(n for n in os.listdir(self.image) if n not in PROVIDED)
+        entries = []
+        for name in names:
+            host = source / name
+            if host.is_symlink():
+                entries.append(("l", name, os.readlink(host)))
+            elif host.exists():
+                entries.append(("d", name, ""))
+        return entries
 
     def host_path(self, path: str) -> str:
         """The host path that ``path`` (inside the sandbox) maps to, in unisolated mode."""
@@ -154,15 +177,12 @@ class Bubblewrap(Isolation):
             args.append("--unshare-net")
         for key, value in base_env(env).items():
             args += ["--setenv", key, value]
-        if layout.image is not None:
-            args += ["--ro-bind", str(layout.image), "/"]
-        else:
-            for name in SYSTEM_DIRS:
-                host = Path("/", name)
-                if host.is_symlink():
-                    args += ["--symlink", os.readlink(host), f"/{name}"]
-                elif host.is_dir():
-                    args += ["--ro-bind", str(host), f"/{name}"]
+        source = "/" if layout.image is None else str(layout.image)
+        for kind, name, target in layout.view:
+            if kind == "l":
+                args += ["--symlink", target, f"/{name}"]
+            else:
+                args += ["--ro-bind", os.path.join(source, name), f"/{name}"]
         args += [
             "--ro-bind",
             str(layout.root / "passwd"),
@@ -188,24 +208,23 @@ class Unshare(Isolation):
     description = "unshare: user, PID, network, IPC, UTS and mount namespaces"
 
     # Inside new user+mount namespaces (as the namespace's root): build the view under a
-    # private tmpfs, chroot into it and drop to the sandbox uid. $1: layout root, $2: image
-    # (or ""), $3: workdir, $4: cwd; then the command. Runs under `unshare --fork --pid`,
-    # so this shell is the namespace's PID 1 until it execs.
+    # private tmpfs and chroot into it. $1: layout root, $2: source root (/ or the image),
+    # $3: entries of Layout.view(), one per line, $4: workdir, $5: cwd; then the command.
+    # Runs under `unshare --fork --pid`, so this shell is the namespace's PID 1 until it execs.
     SCRIPT = r"""
 set -e
-root=$1 image=$2 workdir=$3 cwd=$4; shift 4
+root=$1 source=$2 entries=$3 workdir=$4 cwd=$5; shift 5
 view=$root/view
 mount -t tmpfs -o mode=755 tmpfs "$view"
-if [ -n "$image" ]; then
-  mount --rbind "$image" "$view"; mount -o remount,bind,ro "$view"
-  mount -t tmpfs -o mode=755 tmpfs "$view/run" 2>/dev/null || true
-else
-  for d in usr bin sbin lib lib32 lib64 libx32 etc opt; do
-    if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$view/$d"
-    elif [ -d "/$d" ]; then mkdir "$view/$d"; mount --rbind "/$d" "$view/$d"; mount -o remount,bind,ro "$view/$d"
-    fi
-  done
-fi
+hostname sandbox 2>/dev/null || true
+echo "$entries" | while read -r kind name target; do
+  [ -n "$name" ] || continue
+  if [ "$kind" = l ]; then ln -s "$target" "$view/$name"
+  else
+    if [ -d "$source/$name" ]; then mkdir "$view/$name"; else : > "$view/$name"; fi
+    mount --rbind "$source/$name" "$view/$name"; mount -o remount,bind,ro "$view/$name"
+  fi
+done
 mount --bind "$root/passwd" "$view/etc/passwd"; mount --bind "$root/group" "$view/etc/group"
 mkdir -p "$view/proc" "$view/dev" "$view/tmp" "$view/home/sandbox" 2>/dev/null || true
 mount -t proc proc "$view/proc"
@@ -242,18 +261,10 @@ exec chroot "$view" /bin/sh -c 'cd -- "$0" 2>/dev/null || { echo "cannot change 
         ]
         if layout.network == "none":
             args.append("--net")
-        image = "" if layout.image is None else str(layout.image)
-        args += [
-            "/bin/sh",
-            "-c",
-            self.SCRIPT,
-            "sh",
-            str(layout.root),
-            image,
-            layout.workdir,
-            cwd,
-            *argv,
-        ]
+        source = "/" if layout.image is None else str(layout.image)
+        entries = "\n".join(" ".join(entry).strip() for entry in layout.view)
+        args += ["/bin/sh", "-c", self.SCRIPT, "sh", str(layout.root), source, entries]
+        args += [layout.workdir, cwd, *argv]
         return args, base_env(env)
 
 

@@ -10,6 +10,7 @@ cancellation and limit tests are deterministic (``sleep`` and the delays use
 from __future__ import annotations
 
 import builtins
+import contextlib
 import io
 import posixpath
 import shlex
@@ -31,6 +32,7 @@ from .._errors import (
     SandboxNotFound,
 )
 from .._models import SandboxInfo, SandboxStatus, Stream
+from .._util import single_error
 from ..abc import (
     Backend,
     BackendCapabilities,
@@ -207,7 +209,8 @@ class FakeProcess:
         """Start a child "process"; it is killed when the command ends (as on real backends)."""
 
         async def child() -> None:
-            await func()
+            with contextlib.suppress(Exception):  # a crashing child does not fail its parent
+                await func()
 
         self._tree.start_soon(child)
 
@@ -478,20 +481,21 @@ class _FakeSandbox(SandboxHandle):
             return ExitStatus(returncode=127)
         # The task group is the command's process tree: leaving it kills every child.
         returncode: int | None = None
-        async with anyio.create_task_group() as tree:
-            self._trees.add(tree.cancel_scope)
-            try:
-                full_env = {
-                    "PATH": "/usr/bin:/bin",
-                    "HOME": "/home/sandbox",
-                    "LANG": "C.UTF-8",
-                    **env,
-                }
-                process = FakeProcess(self, argv, cwd, full_env, stdin or b"", on_output, tree)
-                returncode = await command(process)
-            finally:
-                tree.cancel_scope.cancel()
-                self._trees.discard(tree.cancel_scope)
+        with single_error():  # children never raise: a command's own error stays unwrapped
+            async with anyio.create_task_group() as tree:
+                self._trees.add(tree.cancel_scope)
+                try:
+                    full_env = {
+                        "PATH": "/usr/bin:/bin",
+                        "HOME": "/home/sandbox",
+                        "LANG": "C.UTF-8",
+                        **env,
+                    }
+                    process = FakeProcess(self, argv, cwd, full_env, stdin or b"", on_output, tree)
+                    returncode = await command(process)
+                finally:
+                    tree.cancel_scope.cancel()
+                    self._trees.discard(tree.cancel_scope)
         self._check()
         if returncode is None:  # its tree was killed by remove()
             raise SandboxDied(self._id, "removed")

@@ -1,0 +1,326 @@
+"""The embedded process backend on this machine: isolation, limits, crash safety, scale."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+import anyio
+import pytest
+
+from asyncsandbox import (
+    BackendUnavailable,
+    ExecTimeout,
+    InvalidArgument,
+    Limits,
+    Resources,
+    SandboxDefaults,
+    Session,
+)
+from asyncsandbox._process import ProcessAttributes, ProcessBackend, _backend as process_backend
+from asyncsandbox.testing import CHECKS, Check
+
+IS_ROOT = os.geteuid() == 0
+
+
+def session(
+    root: Path,
+    *,
+    backend_options: Mapping[str, object] | None = None,
+    defaults: SandboxDefaults | None = None,
+    limits: Limits | None = None,
+) -> Session:
+    options = {"root": root, **(backend_options or {})}
+    return Session(
+        "process", backend_options=options, defaults=defaults, limits=limits, sweep=False
+    )
+
+
+def sandbox_dirs(root: Path) -> list[str]:
+    try:
+        return [name for name in os.listdir(root) if not name.startswith(".")]
+    except FileNotFoundError:
+        return []
+
+
+def processes_with(marker: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+# -- isolation ----------------------------------------------------------------------------
+
+
+async def test_no_network_by_default(process_root: Path) -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        code = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('connected')"
+        async with session(process_root) as s:
+            isolated = await s.run(["python3", "-c", code])
+            assert isolated.returncode != 0
+            assert b"ConnectionRefused" in isolated.stderr
+            shared = await s.run(["python3", "-c", code], network="host")
+            assert shared.stdout == b"connected\n", shared.stderr
+
+
+async def test_host_is_hidden_and_read_only(process_root: Path) -> None:
+    async with session(process_root) as s, s.sandbox() as sb:
+        assert (await sb.exec(["ls", "/root"])).returncode != 0  # not in the view at all
+        assert (await sb.exec(["sh", "-c", "echo x > /usr/owned"])).returncode != 0
+        if IS_ROOT:  # the sandbox runs as an unprivileged host user
+            shadow = await sb.exec(["cat", "/etc/shadow"])
+            assert shadow.returncode != 0
+            assert b"Permission denied" in shadow.stderr
+        ident = await sb.exec(["sh", "-c", "id -u; hostname; echo $HOME"])
+        assert ident.stdout == b"1000\nsandbox\n/home/sandbox\n"
+        ps = await sb.exec(
+            [
+                "python3",
+                "-c",
+                "import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))",
+            ]
+        )
+        assert max(eval(ps.stdout)) < 10  # its own PID namespace
+
+
+async def test_sandboxes_do_not_see_each_other(process_root: Path) -> None:
+    async with session(process_root) as s, s.sandbox() as a, s.sandbox() as b:
+        await a.write_file("/tmp/secret", b"a's")
+        await a.write_file("mine.txt", b"a's")
+        assert (await b.exec(["ls", "/tmp/secret", "mine.txt"])).returncode != 0
+        root_a = a.extra(ProcessAttributes.root)
+        assert (root_a / "fs" / "work" / "mine.txt").read_bytes() == b"a's"
+
+
+async def test_home_and_tmp_persist_across_commands(process_root: Path) -> None:
+    async with session(process_root) as s, s.sandbox() as sb:
+        await sb.exec(
+            ["sh", "-c", "echo 1 > ~/.rc && echo 2 > /tmp/t && mkdir -p pkg && echo 3 > pkg/m"]
+        )
+        again = await sb.exec(["sh", "-c", "cat ~/.rc /tmp/t pkg/m"])
+        assert again.stdout == b"1\n2\n3\n"
+
+
+async def test_custom_workdir(process_root: Path) -> None:
+    async with (
+        session(process_root, defaults=SandboxDefaults(workdir="/testbed")) as s,
+        s.sandbox() as sb,
+    ):
+        assert (await sb.exec(["pwd"])).stdout == b"/testbed\n"
+        await sb.write_file("f", b"x")
+        assert await sb.read_file("/testbed/f") == b"x"
+    async with session(process_root, defaults=SandboxDefaults(workdir="/usr/app")) as s:
+        with pytest.raises(Exception, match="read-only system directory"):
+            await s.sandbox().start()
+
+
+# -- limits (need cgroups, which need root) -----------------------------------------------
+
+needs_cgroups = pytest.mark.skipif(not IS_ROOT, reason="cgroup limits need root")
+
+
+@needs_cgroups
+async def test_memory_limit_oom_kills_the_command_not_the_sandbox(process_root: Path) -> None:
+    defaults = SandboxDefaults(resources=Resources(memory_mb=64))
+    async with session(process_root, defaults=defaults) as s, s.sandbox() as sb:
+        hog = await sb.exec(
+            ["python3", "-c", "x = bytearray(512 * 1024 * 1024); print('survived')"], timeout=60
+        )
+        assert hog.oom_killed
+        assert hog.returncode == 137
+        assert b"survived" not in hog.stdout
+        fine = await sb.exec(["python3", "-c", "print('ok')"])
+        assert fine.stdout == b"ok\n"
+        assert not fine.oom_killed
+
+
+@needs_cgroups
+async def test_fork_bomb_is_contained(process_root: Path) -> None:
+    defaults = SandboxDefaults(resources=Resources(pids=64))
+    bomb = "b() { b | b & }; b"
+    async with session(process_root, defaults=defaults) as s, s.sandbox() as sb:
+        with pytest.raises(ExecTimeout):
+            await sb.exec(["sh", "-c", bomb + "; sleep 100"], timeout=3)
+        after = await sb.exec(["echo", "still here"], timeout=10)
+        assert after.stdout == b"still here\n"
+        group = sb._handle._cgroup  # type: ignore[union-attr]
+        assert group is not None
+        assert group.kill_all(deadline=0) is True
+
+
+# -- cancellation and crash safety --------------------------------------------------------
+
+
+async def test_cancelling_200_sandboxes_mid_exec_leaves_nothing(process_root: Path) -> None:
+    """Done-when of the core issue: cancel a task group of 200 sandboxes mid-exec; no
+    process and no sandbox directory remain."""
+    marker = f"1000.{uuid.uuid4().int % 10**8}"  # a unique `sleep` argument to find leftovers
+    script = f"(trap '' TERM; sleep {marker}) & setsid sleep {marker} & echo up; sleep {marker}"
+    limits = Limits(max_live=None, max_execs=None)
+    async with session(process_root, limits=limits) as s:
+        running = 0
+        all_running = anyio.Event()
+
+        async def episode() -> None:
+            nonlocal running
+            async with s.sandbox() as sb, sb.exec_stream(["sh", "-c", script]) as run:
+                async for _ in run:
+                    running += 1
+                    if running == 200:
+                        all_running.set()
+                    await anyio.sleep_forever()
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for _ in range(200):
+                    tg.start_soon(episode)
+                await all_running.wait()
+                assert len(processes_with(marker)) >= 600
+                tg.cancel_scope.cancel()
+        stats = s.statistics()
+        assert stats.sandboxes_started == stats.sandboxes_removed == 200
+    assert processes_with(marker) == []
+    assert sandbox_dirs(process_root) == []
+
+
+async def test_1000_sandboxes_never_exceed_max_live(process_root: Path) -> None:
+    """Done-when of the core issue: 1,000 sandboxes through max_live=64, checked from
+    statistics() and from the backend's own directory, all without error."""
+    peak_dirs = 0
+    outputs: dict[int, bytes] = {}
+
+    async def watch() -> None:
+        nonlocal peak_dirs
+        while True:
+            peak_dirs = max(peak_dirs, len(sandbox_dirs(process_root)))
+            await anyio.sleep(0.002)
+
+    async def episode(s: Session, i: int) -> None:
+        outputs[i] = (await s.run(["sh", "-c", 'echo "$0"', str(i)])).stdout
+
+    async with session(process_root, limits=Limits(max_live=64)) as s:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            async with anyio.create_task_group() as work:
+                for i in range(1000):
+                    work.start_soon(episode, s, i)
+            tg.cancel_scope.cancel()
+        stats = s.statistics()
+    assert outputs == {i: f"{i}\n".encode() for i in range(1000)}
+    assert stats.live.peak_active == 64
+    assert 0 < peak_dirs <= 64
+    assert stats.sandboxes_started == stats.sandboxes_removed == 1000
+    assert stats.start_failures == stats.remove_failures == 0
+    assert sandbox_dirs(process_root) == []
+
+
+OWNER_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, anyio
+    from asyncsandbox import Session, SandboxDefaults
+    async def main():
+        async with Session("process", backend_options={"root": sys.argv[1]}, sweep=False,
+                           defaults=SandboxDefaults(tags=("crash-test",))) as s:
+            sandboxes = [await s.sandbox().start() for _ in range(3)]
+            async with sandboxes[0].exec_stream(["sh", "-c", "echo up; sleep " + sys.argv[2]]) as run:
+                async for _ in run:
+                    print("ready", flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+    anyio.run(main)
+    """
+)
+
+
+def test_sweep_removes_what_a_killed_owner_left(process_root: Path) -> None:
+    marker = f"999.{uuid.uuid4().int % 10**8}"
+    owner = subprocess.run(
+        [sys.executable, "-c", OWNER_SCRIPT, str(process_root), marker],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert owner.returncode == -signal.SIGKILL, owner.stderr.decode()
+    assert b"ready" in owner.stdout
+    assert len(sandbox_dirs(process_root)) == 3  # the owner died without cleaning up
+    assert processes_with(marker) == []  # but its commands died with it
+
+    async def sweep() -> None:
+        async with Session("process", backend_options={"root": process_root}) as s:  # sweep=True
+            assert await s.list(tags=["crash-test"]) == []
+
+    anyio.run(sweep)
+    assert sandbox_dirs(process_root) == []
+
+
+# -- isolation modes ----------------------------------------------------------------------
+
+
+# The isolation mode is independent of the async library: asyncio suffices here.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
+async def test_unshare_isolation_conforms(check: Check, process_root: Path) -> None:
+    await check.run(lambda: ProcessBackend(root=process_root, isolation="unshare"))
+
+
+async def test_refuses_to_run_unisolated_unless_asked(
+    process_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    process_backend._select_isolation.cache_clear()
+    with pytest.raises(BackendUnavailable, match=r"Install bubblewrap.*isolation': 'none'"):
+        async with session(process_root):
+            pass
+    # Unisolated means the host's network too: asking for none is refused, not ignored.
+    async with session(process_root, backend_options={"isolation": "none"}) as s:
+        with pytest.raises(InvalidArgument, match="network='none'"):
+            await s.sandbox().start()
+    unisolated = SandboxDefaults(network="host")
+    options = {"isolation": "none"}
+    async with (
+        session(process_root, backend_options=options, defaults=unisolated) as s,
+        s.sandbox() as sb,
+    ):
+        assert "none" in s.backend.capabilities.isolation
+        assert (await sb.exec(["sh", "-c", "echo unisolated"])).stdout == b"unisolated\n"
+        await sb.write_file("f.txt", b"data")
+        assert (await sb.exec(["cat", "f.txt"])).stdout == b"data"
+    process_backend._select_isolation.cache_clear()
+
+
+ROOTFS = os.environ.get("ASYNCSANDBOX_TEST_ROOTFS")
+
+
+@pytest.mark.skipif(
+    not ROOTFS, reason="set ASYNCSANDBOX_TEST_ROOTFS to a root filesystem (CI does)"
+)
+async def test_root_filesystem_image(process_root: Path) -> None:
+    assert ROOTFS is not None
+    async with (
+        session(process_root, defaults=SandboxDefaults(image=ROOTFS)) as s,
+        s.sandbox() as sb,
+    ):
+        release = await sb.read_file("/etc/os-release")
+        assert release == await anyio.Path(ROOTFS, "etc/os-release").read_bytes()
+        assert (await sb.exec(["python3", "-c", "print(2 + 2)"])).stdout == b"4\n"
+        assert (await sb.exec(["sh", "-c", "command -v bwrap"])).returncode != 0  # not the host
+    async with session(process_root, defaults=SandboxDefaults(image="python:3.12")) as s:
+        with pytest.raises(Exception, match="root filesystem directories"):
+            await s.sandbox().start()

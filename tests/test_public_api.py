@@ -1,0 +1,96 @@
+"""The public surface: what users import is deliberate, documented and stable."""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+import pytest
+
+import asyncsandbox
+import asyncsandbox.abc
+import asyncsandbox.testing
+
+PUBLIC_MODULES = [asyncsandbox, asyncsandbox.abc, asyncsandbox.testing]
+
+
+@pytest.mark.parametrize("module", PUBLIC_MODULES, ids=lambda m: m.__name__)
+def test_all_is_a_tuple_of_existing_names(module: types.ModuleType) -> None:
+    assert isinstance(module.__all__, tuple)
+    assert len(set(module.__all__)) == len(module.__all__)
+    for name in module.__all__:
+        assert hasattr(module, name), name
+
+
+@pytest.mark.parametrize("module", PUBLIC_MODULES, ids=lambda m: m.__name__)
+def test_every_public_name_is_exported(module: types.ModuleType) -> None:
+    """A public-looking name that is not in __all__ is surface drift."""
+    defined = {
+        name
+        for name, obj in vars(module).items()
+        if not name.startswith("_")
+        and (inspect.isclass(obj) or inspect.isfunction(obj))
+        and getattr(obj, "__module__", "").startswith(module.__name__)
+    }
+    assert defined - set(module.__all__) == set()
+
+
+@pytest.mark.parametrize("module", PUBLIC_MODULES, ids=lambda m: m.__name__)
+def test_public_items_are_documented(module: types.ModuleType) -> None:
+    undocumented = [
+        name
+        for name in module.__all__
+        if (inspect.isclass(getattr(module, name)) or inspect.isfunction(getattr(module, name)))
+        and not inspect.getdoc(getattr(module, name))
+    ]
+    assert undocumented == []
+
+
+def test_top_level_objects_claim_the_package() -> None:
+    assert asyncsandbox.Session.__module__ == "asyncsandbox"
+    assert asyncsandbox.ExecTimeout.__module__ == "asyncsandbox"
+    assert asyncsandbox.wait.__module__ == "asyncsandbox"
+
+
+def test_public_async_methods_say_how_they_cancel() -> None:
+    """Every public coroutine method of Session and Sandbox documents cancellation or is
+    trivially bounded."""
+    exempt = {
+        "info",
+        "list",
+        "gc",
+        "delete",
+        "read_file",
+        "write_file",
+        "upload",
+        "download",
+        "start",
+    }
+    for cls in (asyncsandbox.Session, asyncsandbox.Sandbox):
+        for name, func in vars(cls).items():
+            if name.startswith("_") or not inspect.iscoroutinefunction(func) or name in exempt:
+                continue
+            assert "Cancellation" in (func.__doc__ or ""), f"{cls.__name__}.{name}"
+
+
+def test_error_tree() -> None:
+    """Timeouts are builtin TimeoutErrors; command outcomes and infrastructure failures are
+    disjoint, so trainers can mask the latter."""
+    e = asyncsandbox
+    for timeout in (e.ExecTimeout, e.BackendTimeout, e.CapacityTimeout):
+        assert issubclass(timeout, TimeoutError)
+        assert issubclass(timeout, e.SandboxError)
+    for infra in (
+        e.SandboxDied,
+        e.SandboxOOMKilled,
+        e.BackendUnavailable,
+        e.BackendTimeout,
+        e.CapacityTimeout,
+    ):
+        assert issubclass(infra, e.InfrastructureError)
+        assert not issubclass(infra, e.CommandError)
+    for outcome in (e.ExecTimeout, e.ExecFailed):
+        assert issubclass(outcome, e.CommandError)
+        assert not issubclass(outcome, e.InfrastructureError)
+    assert issubclass(e.InvalidArgument, ValueError)
+    assert "InfrastructureError" in (e._errors.__doc__ or "")

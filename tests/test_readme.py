@@ -1,0 +1,33 @@
+"""The README's Python examples run as written (on the process backend)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).parent.parent / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+RUNNABLE = [block for block in BLOCKS if "anyio.run(" in block or "trio.run(" in block]
+
+
+def test_readme_has_both_quickstarts() -> None:
+    assert any("anyio.run(" in b for b in RUNNABLE)
+    assert any("trio.run(" in b for b in RUNNABLE)
+
+
+@pytest.mark.parametrize("code", RUNNABLE, ids=lambda c: "trio" if "trio.run" in c else "asyncio")
+def test_readme_example_runs(code: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert b"Traceback" not in done.stderr
+    if "hello from trio" in code:
+        assert done.stdout == b"hello from trio\n"
+    else:
+        assert b"0 45" in done.stdout
+        assert b"timed out after 1.0 s" in done.stdout

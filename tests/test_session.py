@@ -1,0 +1,569 @@
+"""Runtime policy, tested on the FakeBackend: limits, deadlines, retries, error mapping,
+cancellation, background operations. Every test runs on asyncio and trio."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+import structlog
+
+import asyncsandbox
+from asyncsandbox import (
+    BackendNotFound,
+    BackendTimeout,
+    BackendUnavailable,
+    CapacityTimeout,
+    ExecFailed,
+    ExecTimeout,
+    InfrastructureError,
+    InvalidArgument,
+    Limits,
+    OperationCancelled,
+    RetryPolicy,
+    SandboxClosed,
+    SandboxDefaults,
+    SandboxDied,
+    Session,
+    Timeouts,
+    _owner,
+)
+from asyncsandbox.testing import FakeBackend, FakeProcess, FakeWorld
+
+
+def session(backend: FakeBackend | None = None, **kwargs: Any) -> Session:
+    kwargs.setdefault("sweep", False)
+    return Session(backend or FakeBackend(), **kwargs)
+
+
+# -- lifecycle ----------------------------------------------------------------------------
+
+
+async def test_sandbox_context_manager_starts_and_removes() -> None:
+    fake = FakeBackend()
+    async with session(fake) as s:
+        sb = s.sandbox()
+        assert sb.state == "new"
+        assert sb.id is None
+        async with sb:
+            assert sb.state == "running"
+            assert fake.world.live == 1
+            result = await sb.exec(["echo", "hi"])
+            assert result.stdout == b"hi\n"
+        assert sb.state == "closed"
+        assert sb.id is not None  # kept for logs after stop
+        assert fake.world.live == 0
+
+
+async def test_first_use_starts_and_session_close_removes() -> None:
+    fake = FakeBackend()
+    async with session(fake) as s:
+        sandboxes = [s.sandbox() for _ in range(5)]
+        for sb in sandboxes:
+            await sb.exec(["true"])
+        assert fake.world.live == 5
+    assert fake.world.live == 0
+    assert all(sb.state == "closed" for sb in sandboxes)
+
+
+async def test_concurrent_starts_create_once() -> None:
+    fake = FakeBackend(create_delay=0.05)
+    async with session(fake) as s:
+        sb = s.sandbox()
+        async with anyio.create_task_group() as tg:
+            for _ in range(10):
+                tg.start_soon(sb.exec, ["true"])
+        assert fake.world.created == 1
+
+
+async def test_session_is_single_use_and_sandbox_refuses_after_close() -> None:
+    s = session()
+    async with s:
+        pass
+    with pytest.raises(SandboxClosed):
+        await s.__aenter__()
+    with pytest.raises(SandboxClosed):
+        s.sandbox()
+
+
+async def test_using_a_session_that_is_not_open() -> None:
+    s = session()
+    sb = s.sandbox()
+    with pytest.raises(SandboxClosed, match="not open"):
+        await sb.start()
+
+
+async def test_stop_while_exec_runs_raises_sandbox_closed_in_the_exec() -> None:
+    async with session() as s:
+        sb = await s.sandbox().start()
+        errors: list[BaseException] = []
+
+        async def run() -> None:
+            try:
+                await sb.exec(["sleep", "30"])
+            except SandboxClosed as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await anyio.sleep(0.05)
+            await sb.stop()
+        assert len(errors) == 1
+
+
+async def test_stop_while_waiting_for_capacity_gives_up_at_once() -> None:
+    async with session(limits=Limits(max_live=1)) as s:
+        await s.sandbox().start()
+        waiting = s.sandbox()
+        outcome: list[BaseException] = []
+
+        async def start() -> None:
+            try:
+                await waiting.start()
+            except SandboxClosed as exc:
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(start)
+            await anyio.sleep(0.05)
+            assert s.statistics().live.waiting == 1
+            await waiting.stop()
+        assert len(outcome) == 1
+        assert s.statistics().live.waiting == 0
+
+
+# -- limits -------------------------------------------------------------------------------
+
+
+async def test_max_live_is_never_exceeded() -> None:
+    fake = FakeBackend(create_delay=0.001, remove_delay=0.001)
+    async with session(fake, limits=Limits(max_live=8, max_lifecycle=4)) as s:
+        async with anyio.create_task_group() as tg:
+            for _ in range(200):
+                tg.start_soon(s.run, ["sleep", "0.002"])
+        stats = s.statistics()
+    assert stats.live.peak_active == 8
+    assert fake.world.peak_live <= 8
+    assert stats.lifecycle.peak_active <= 4
+    assert stats.sandboxes_started == stats.sandboxes_removed == 200
+    assert stats.live.wait_seconds_total > 0
+
+
+async def test_waiting_is_first_come_first_served() -> None:
+    order: list[int] = []
+    async with session(limits=Limits(max_live=1)) as s:
+
+        async def run(i: int) -> None:
+            async with s.sandbox():
+                order.append(i)
+                await anyio.sleep(0.01)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(10):
+                tg.start_soon(run, i)
+                await anyio.sleep(0.001)  # arrive in order
+    assert order == list(range(10))
+
+
+async def test_exec_limit_counts_and_bounds() -> None:
+    async with session(limits=Limits(max_execs=3)) as s:
+        sb = await s.sandbox().start()
+        async with anyio.create_task_group() as tg:
+            for _ in range(12):
+                tg.start_soon(sb.exec, ["sleep", "0.01"])
+        stats = s.statistics().execs
+    assert stats.peak_active == 3
+    assert stats.acquired == 12
+    assert stats.active == stats.waiting == 0
+
+
+async def test_capacity_timeout_raises_and_leaks_no_slot() -> None:
+    async with session(limits=Limits(max_live=1, capacity_timeout=0.05)) as s:
+        holder = await s.sandbox().start()
+        with pytest.raises(CapacityTimeout) as info:
+            await s.sandbox().start()
+        assert isinstance(info.value, TimeoutError)
+        assert isinstance(info.value, InfrastructureError)
+        await holder.stop()
+        async with s.sandbox() as sb:  # the slot is free again
+            await sb.exec(["true"])
+        assert s.statistics().live.active == 0
+
+
+async def test_repr_shows_limits() -> None:
+    async with session(limits=Limits(max_live=4)) as s:
+        await s.sandbox().start()
+        assert "live: 1/4 active, 0 waiting" in repr(s)
+
+
+# -- deadlines and retries ----------------------------------------------------------------
+
+
+async def test_create_deadline_raises_backend_timeout_and_leaves_nothing() -> None:
+    fake = FakeBackend(create_delay=10)
+    async with session(fake, timeouts=Timeouts(create=0.05)) as s:
+        with pytest.raises(BackendTimeout) as info:
+            await s.sandbox().start()
+        assert isinstance(info.value, TimeoutError)
+        assert s.statistics().live.active == 0
+        assert s.statistics().start_failures == 1
+    assert fake.world.live == 0
+
+
+async def test_retryable_create_errors_are_retried() -> None:
+    fake = FakeBackend(create_failures=2)
+    retries = RetryPolicy(attempts=3, backoff=0.001)
+    with structlog.testing.capture_logs() as logs:
+        async with session(fake, retries=retries) as s, s.sandbox() as sb:
+            assert (await sb.exec(["true"])).ok
+    assert [e["event"] for e in logs].count("backend.retry") == 2
+
+
+async def test_retries_give_up_after_the_policy() -> None:
+    fake = FakeBackend(create_failures=5)
+    async with session(fake, retries=RetryPolicy(attempts=2, backoff=0.001)) as s:
+        with pytest.raises(BackendUnavailable):
+            await s.sandbox().start()
+    assert fake.create_failures == 3  # two attempts were made
+
+
+async def test_commands_are_never_retried() -> None:
+    calls = 0
+
+    async def flaky(p: FakeProcess) -> int:
+        nonlocal calls
+        calls += 1
+        raise BackendUnavailable("transport dropped", retryable=True)
+
+    fake = FakeBackend(commands={"flaky": flaky})
+    async with session(fake) as s, s.sandbox() as sb:
+        with pytest.raises(BackendUnavailable):
+            await sb.exec(["flaky"])
+    assert calls == 1
+
+
+# -- error mapping ------------------------------------------------------------------------
+
+
+async def test_unexpected_backend_errors_become_infrastructure_errors() -> None:
+    async def buggy(p: FakeProcess) -> int:
+        raise KeyError("bug in backend")
+
+    async with session(FakeBackend(commands={"buggy": buggy})) as s, s.sandbox() as sb:
+        with pytest.raises(InfrastructureError) as info:
+            await sb.exec(["buggy"])
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+async def test_a_dead_sandbox_stays_dead_and_can_still_be_stopped() -> None:
+    fake = FakeBackend()
+    async with session(fake) as s:
+        sb = await s.sandbox().start()
+        assert sb.id is not None
+        fake.kill(sb.id, "OOM")
+        with pytest.raises(SandboxDied, match="OOM"):
+            await sb.exec(["true"])
+        with pytest.raises(SandboxDied):
+            await sb.read_file("x")
+        await sb.stop()
+    assert fake.world.live == 0
+
+
+async def test_nonzero_exit_is_data_and_check_raises() -> None:
+    async with session() as s, s.sandbox() as sb:
+        result = await sb.exec(["false"])
+        assert result.returncode == 1
+        assert not result.ok
+        with pytest.raises(ExecFailed) as info:
+            await sb.exec(["false"], check=True)
+        assert info.value.result.returncode == 1
+
+
+async def test_timeout_raises_with_partial_output_and_counts() -> None:
+    async def slow(p: FakeProcess) -> int:
+        await p.write("stdout", b"partial")
+        await anyio.sleep(30)
+        return 0
+
+    async with session(FakeBackend(commands={"slow": slow})) as s, s.sandbox() as sb:
+        with pytest.raises(ExecTimeout) as info:
+            await sb.exec(["slow"], timeout=0.05)
+        assert info.value.result.stdout == b"partial"
+        assert info.value.result.timed_out
+        assert info.value.result.returncode == 137
+        assert s.statistics().execs_timed_out == 1
+
+
+# -- validation: bad input is refused before anything happens ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"argv": "ls -la"}, "sh', '-c'"),
+        ({"argv": []}, "non-empty"),
+        ({"argv": ["echo", 3]}, "argv\\[1\\] must be a str"),
+        ({"argv": ["echo", "a\x00b"]}, "NUL"),
+        ({"timeout": -1}, ">= 0"),
+        ({"timeout": math.nan}, "NaN"),
+        ({"timeout": math.inf}, "finite"),
+        ({"timeout": True}, "number of seconds"),
+        ({"env": {"A": None}}, "must be a str"),
+        ({"env": ["A=1"]}, "mapping"),
+        ({"cwd": "a\x00"}, "NUL"),
+        ({"stdin": 5}, "stdin must be"),
+        ({"check": "yes"}, "check must be a bool"),
+        ({"max_output_bytes": 0}, ">= 1"),
+    ],
+)
+async def test_bad_exec_arguments_are_refused_before_starting(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    fake = FakeBackend()
+    async with session(fake) as s:
+        sb = s.sandbox()
+        args = {"argv": ["true"], **kwargs}
+        with pytest.raises(InvalidArgument, match=message):
+            await sb.exec(**args)
+        assert sb.state == "new"
+        assert fake.world.created == 0
+
+
+async def test_bad_file_arguments() -> None:
+    async with session() as s, s.sandbox() as sb:
+        with pytest.raises(InvalidArgument):
+            await sb.write_file("x", 123)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match="permission number"):
+            await sb.write_file("x", b"", mode=0o100000)
+        with pytest.raises(InvalidArgument, match="longer than"):
+            await sb.read_file("a" * 5000)
+        with pytest.raises(InvalidArgument, match="does not exist"):
+            await sb.upload("/no/such/local/path", "dest")
+        with pytest.raises(InvalidArgument, match="max_bytes"):
+            await sb.read_file("x", max_bytes=0)
+
+
+async def test_unknown_sandbox_option_and_network() -> None:
+    async with session() as s:
+        with pytest.raises(InvalidArgument, match="unknown sandbox option"):
+            s.sandbox(imgae="x")
+    fake = FakeBackend()
+    fake._caps = fake._caps.__class__(isolation="x", network_modes=frozenset({"none"}))
+    async with session(fake) as s:
+        with pytest.raises(InvalidArgument, match="network='host'"):
+            await s.sandbox(network="host").start()
+
+
+def test_unknown_and_missing_backends_say_what_to_do() -> None:
+    with pytest.raises(BackendNotFound, match=r"unknown backend 'nope'.*process"):
+        asyncsandbox._registry.resolve_backend("nope")
+    with pytest.raises(InvalidArgument):
+        Session(42)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="Limits"):
+        Session(limits=SandboxDefaults())  # type: ignore[arg-type]
+
+
+async def test_backend_that_is_not_installed() -> None:
+    with pytest.raises(BackendNotFound, match=r"pip install 'asyncsandbox\[remote\]'"):
+        async with Session("remote"):
+            pass
+
+
+async def test_backend_that_does_not_support_this_async_library(anyio_backend: str) -> None:
+    fake = FakeBackend(async_libraries=frozenset({"curio"}))
+    with pytest.raises(InvalidArgument, match=f"does not run on {anyio_backend}"):
+        async with session(fake):
+            pass
+
+
+# -- cancellation -------------------------------------------------------------------------
+
+
+async def test_cancelling_many_execs_removes_everything() -> None:
+    fake = FakeBackend()
+    async with session(fake) as s:
+        with anyio.move_on_after(0.1):
+            async with anyio.create_task_group() as tg:
+                for _ in range(50):
+                    tg.start_soon(s.run, ["sleep", "30"])
+        stats = s.statistics()
+        assert stats.live.active == 0
+        assert stats.execs.active == 0
+    assert fake.world.live == 0
+
+
+async def test_cancelled_start_releases_its_slot() -> None:
+    fake = FakeBackend(create_delay=1)
+    async with session(fake, limits=Limits(max_live=1)) as s:
+        with anyio.move_on_after(0.05):
+            await s.sandbox().start()
+        assert s.statistics().live.active == 0
+        fake.create_delay = 0
+        async with s.sandbox() as sb:
+            assert (await sb.exec(["true"])).ok
+
+
+async def test_cleanup_runs_even_when_the_session_is_cancelled() -> None:
+    fake = FakeBackend(remove_delay=0.05)
+    with anyio.move_on_after(0.1):
+        async with session(fake) as s:
+            for _ in range(5):
+                await s.sandbox().start()
+            await anyio.sleep(10)
+    assert fake.world.live == 0  # removal was shielded
+
+
+async def test_exec_stream_leaving_early_kills_the_command() -> None:
+    killed = anyio.Event()
+
+    async def chatty(p: FakeProcess) -> int:
+        try:
+            while True:
+                await p.write("stdout", b"line\n")
+                await anyio.sleep(0.001)
+        finally:
+            killed.set()
+
+    async with session(FakeBackend(commands={"chatty": chatty})) as s, s.sandbox() as sb:
+        async with sb.exec_stream(["chatty"]) as run:
+            async for chunk in run:
+                assert chunk.data == b"line\n"
+                break
+        with anyio.fail_after(2):
+            await killed.wait()
+
+
+async def test_exec_stream_errors_come_from_wait() -> None:
+    async with session() as s, s.sandbox() as sb, sb.exec_stream(["false"], check=True) as run:
+        with pytest.raises(ExecFailed):
+            await run.wait()
+
+
+async def test_exec_stream_body_error_is_not_wrapped_in_a_group() -> None:
+    class Boom(Exception):
+        pass
+
+    async with session() as s, s.sandbox() as sb:
+        with pytest.raises(Boom):
+            async with sb.exec_stream(["sleep", "10"]):
+                raise Boom
+
+
+# -- operations ---------------------------------------------------------------------------
+
+
+async def test_submit_wait_and_as_completed() -> None:
+    async with session() as s:
+        ops = [s.submit(s.run(["sleep", str(d)]), name=f"sleep-{d}") for d in (0.15, 0.01, 0.08)]
+        done, pending = await asyncsandbox.wait(ops, num_returns=1)
+        assert [op.name for op in done] == ["sleep-0.01"]
+        assert len(pending) == 2
+        order = [op.name async for op in asyncsandbox.as_completed(pending)]
+        assert order == ["sleep-0.08", "sleep-0.15"]
+        assert all([(await op).ok for op in ops])
+
+
+async def test_operation_errors_stay_in_the_handle() -> None:
+    async with session() as s:
+        bad = s.submit(s.run(["false"], check=True))
+        good = s.submit(s.run(["true"]))
+        done, _ = await asyncsandbox.wait([bad, good])
+        assert len(done) == 2
+        assert isinstance(bad.exception(), ExecFailed)
+        with pytest.raises(ExecFailed):
+            await bad
+        assert (await good).ok
+
+
+async def test_cancelled_operation_kills_its_command() -> None:
+    fake = FakeBackend()
+    async with session(fake) as s:
+        op = s.submit(s.run(["sleep", "30"]))
+        await anyio.sleep(0.05)
+        assert fake.world.live == 1
+        op.cancel()
+        with pytest.raises(OperationCancelled):
+            await op
+        assert op.cancelled()
+        assert fake.world.live == 0
+
+
+async def test_session_close_cancels_operations() -> None:
+    fake = FakeBackend()
+    async with session(fake) as s:
+        op = s.submit(s.run(["sleep", "30"]))
+        await anyio.sleep(0.02)
+    assert op.cancelled()
+    assert fake.world.live == 0
+    with pytest.raises(SandboxClosed):
+        s.submit(anyio.lowlevel.checkpoint())
+
+
+async def test_wait_timeout_and_validation() -> None:
+    async with session() as s:
+        op = s.submit(anyio.sleep(1))
+        done, pending = await asyncsandbox.wait([op], timeout=0.01)
+        assert done == []
+        assert pending == [op]
+        with pytest.raises(TimeoutError):
+            async for _ in asyncsandbox.as_completed([op], timeout=0.01):
+                pass
+        not_an_operation = anyio.lowlevel.checkpoint()
+        with pytest.raises(InvalidArgument, match="Operation handles"):
+            await asyncsandbox.wait([not_an_operation])  # type: ignore[list-item]
+        not_an_operation.close()
+        op.cancel()
+
+
+# -- listing and garbage collection -------------------------------------------------------
+
+
+async def test_gc_removes_sandboxes_of_dead_owners_and_expired_ones() -> None:
+    world = FakeWorld()
+    async with session(FakeBackend(world=world), defaults=SandboxDefaults(tags=("gc",))) as s:
+        alive = await s.sandbox().start()
+        dead = await s.sandbox().start()
+        expired = await s.sandbox(max_lifetime=0.01).start()
+        for sandbox, labels in ((dead, {_owner.OWNER: "vm-x/boot/1/2"}),):
+            assert sandbox.id is not None
+            world.sandboxes[sandbox.id].spec.labels.update(labels)
+        # A dead owner on *this* host: a pid that does not exist.
+        assert dead.id is not None
+        host, boot = _owner._this_host()
+        world.sandboxes[dead.id].spec.labels[_owner.OWNER] = f"{host}/{boot}/999999999/1"
+        await anyio.sleep(0.05)
+        report = await s.gc(dry_run=True)
+        assert {i.id: r for i, r in report} == {
+            dead.id: "owner process is gone",
+            expired.id: "max lifetime exceeded",
+        }
+        assert len(world.sandboxes) == 3
+        await s.gc()
+        assert set(world.sandboxes) == {alive.id}
+
+
+async def test_session_start_sweeps_by_default() -> None:
+    world = FakeWorld()
+    async with session(FakeBackend(world=world)) as s:
+        sb = await s.sandbox(max_lifetime=0.01).start()
+        assert sb.id is not None
+        world.sandboxes[sb.id].spec.labels[_owner.OWNER] = "elsewhere/boot/1/1"
+        s._sandboxes.clear()  # forget it, as a crashed owner would
+        s._live.release()
+    await anyio.sleep(0.05)
+    async with Session(FakeBackend(world=world)):
+        pass
+    assert world.live == 0
+
+
+async def test_delete_requires_a_selector() -> None:
+    async with session() as s:
+        with pytest.raises(InvalidArgument, match="refusing"):
+            await s.delete()
+        with pytest.raises(InvalidArgument, match="single string"):
+            await s.delete(ids="abc")
+        with pytest.raises(InvalidArgument, match="status"):
+            await s.list(status="sleeping")
