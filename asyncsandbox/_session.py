@@ -165,8 +165,9 @@ class Session:
             supported = self._backend.capabilities.async_libraries
             if library not in supported:
                 raise InvalidArgument(
-                    f"the {self._backend_name!r} backend does not run on {library} "
-                    f"(it supports: {', '.join(sorted(supported))})"
+                    f"the {self._backend_name!r} backend does not run on {library} (it supports: "
+                    f"{', '.join(sorted(supported))}); run it under one of those, or use a "
+                    f"backend that supports {library} such as 'process' or 'remote'"
                 )
             await stack.enter_async_context(self._backend)
             # Entered here, exited in aclose() (same task, see the class docstring).
@@ -175,8 +176,7 @@ class Session:
             self._task_group = task_group
         except BaseException:
             self._state = _CLOSED
-            with anyio.CancelScope(shield=True):
-                await stack.aclose()
+            await stack.aclose()
             raise
         self._stack = stack
         self._log.debug("session.opened")
@@ -225,11 +225,13 @@ class Session:
             async with anyio.create_task_group() as tg:
                 for sandbox in list(self._sandboxes):
                     tg.start_soon(stop, sandbox)
-            if self._stack is not None:
-                try:
-                    await self._stack.aclose()
-                except Exception as exc:  # noqa: BLE001 - raised below, after the bookkeeping
-                    errors.append(exc)
+        if self._stack is not None:
+            # Outside the shield: a backend may hold a task group entered before it, which
+            # must exit outside scopes opened later. Backend.aclose shields what it must.
+            try:
+                await self._stack.aclose()
+            except Exception as exc:  # noqa: BLE001 - raised below, after the bookkeeping
+                errors.append(exc)
         self._state = _CLOSED
         self._log.debug("session.closed", statistics=self._counts)
         if errors:

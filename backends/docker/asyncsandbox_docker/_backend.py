@@ -1,0 +1,674 @@
+from __future__ import annotations
+
+import base64
+import builtins
+import io
+import json
+import posixpath
+import tarfile
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from importlib.resources import files
+from typing import Any, Literal, Self
+
+import aiohttp
+import anyio
+import anyio.abc
+import structlog
+from anyio import TypedAttributeSet, typed_attribute
+
+from asyncsandbox import (
+    BackendUnavailable,
+    FileErrorReason,
+    InvalidArgument,
+    SandboxDied,
+    SandboxError,
+    SandboxFileError,
+    SandboxInfo,
+    SandboxNotFound,
+    SandboxOOMKilled,
+    SandboxStatus,
+)
+from asyncsandbox.abc import (
+    Backend,
+    BackendCapabilities,
+    ExitStatus,
+    OutputCallback,
+    SandboxHandle,
+    SandboxSpec,
+)
+
+from . import _tar
+from ._engine import Engine
+
+__all__ = ("DockerAttributes", "DockerBackend")
+
+AGENT = files(__package__).joinpath("_agent.py").read_text()
+OWNER_LABEL = "asyncsandbox.owner"
+SANDBOX_UID = 1000
+KILL_DEADLINE = 15.0
+OOM_EVENT_GRACE = 0.5
+FOREVER = "2147483647"  # seconds; `sleep infinity` is not universal
+MODE_DIR = 1 << 31  # Go's os.ModeDir, as in X-Docker-Container-Path-Stat
+MODE_SYMLINK = 1 << 27
+_STATES = {
+    "created": SandboxStatus.CREATING,
+    "running": SandboxStatus.RUNNING,
+    "restarting": SandboxStatus.RUNNING,
+    "paused": SandboxStatus.STOPPED,
+    "exited": SandboxStatus.STOPPED,
+    "removing": SandboxStatus.REMOVING,
+    "dead": SandboxStatus.DEAD,
+}
+# Root in "root" mode keeps Docker's usual powers minus those a sandbox has no use for.
+_ROOT_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP"]
+# Otherwise root (the agent, the idle main process) needs only to manage the user's processes.
+_AGENT_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
+
+
+def log() -> Any:
+    return structlog.get_logger("asyncsandbox.docker")
+
+
+class DockerAttributes(TypedAttributeSet):
+    """Typed attributes of Docker sandboxes (``sandbox.extra(DockerAttributes.container_id)``)."""
+
+    container_id: str = typed_attribute()
+    image: str = typed_attribute()
+
+
+class DockerBackend(Backend):
+    """Sandboxes are Docker containers, driven through the Engine API (aiodocker).
+
+    Each container runs an idle ``sleep`` under Docker's init (so zombies are reaped) that
+    ends the container when its ``max_lifetime`` is over, even if its owner died. No
+    network by default, memory/pids/CPU limits, all capabilities dropped but those needed
+    to manage the user's processes, ``no-new-privileges``, no logging driver. Commands run
+    as an unprivileged user (uid 1000, ``HOME=/home/sandbox``) under a small shepherd
+    (``python3`` must exist in the image) that kills their whole process tree on timeout,
+    cancellation and exit.
+
+    :param url: the daemon (default: ``DOCKER_HOST``, else the local socket).
+    :param default_image: the image when ``SandboxDefaults.image`` is None.
+    :param user: ``"sandbox"`` (uid 1000) or ``"root"`` for images that expect root.
+    :param pull: ``"missing"`` pulls images not present locally; ``"never"`` refuses.
+    :param call_deadline: seconds any single Engine API call may take; a container whose
+        calls exceed it is reported lost (:class:`SandboxDied`) and left to the sweep.
+    :param max_connections: size of the connection pool to the daemon.
+
+    Runs on asyncio only (aiodocker is asyncio-based).
+    """
+
+    name = "docker"
+
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        default_image: str = "python:3.12-slim",
+        user: Literal["sandbox", "root"] = "sandbox",
+        pull: Literal["missing", "never"] = "missing",
+        call_deadline: float = 30.0,
+        max_connections: int = 1024,
+    ) -> None:
+        if user not in ("sandbox", "root"):
+            raise InvalidArgument(f"user must be 'sandbox' or 'root', got {user!r}")
+        if pull not in ("missing", "never"):
+            raise InvalidArgument(f"pull must be 'missing' or 'never', got {pull!r}")
+        self.default_image = default_image
+        self.user = user
+        self.pull = pull
+        self.engine = Engine(url, call_deadline=call_deadline, max_connections=max_connections)
+        self._image_locks: dict[str, anyio.Lock] = defaultdict(anyio.Lock)
+        self._ooms: dict[str, int] = defaultdict(int)
+        self._oom_seen = anyio.Event()
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._caps = BackendCapabilities(
+            async_libraries=frozenset({"asyncio"}),
+            isolation="Docker containers (namespaces, cgroups, no capabilities beyond process management)",
+            enforced_limits=frozenset({"cpus", "memory_mb", "pids"}),
+            network_modes=frozenset({"none", "host"}),
+            reports_signal=False,
+        )
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        return self._caps
+
+    @property
+    def uid(self) -> int:
+        return SANDBOX_UID if self.user == "sandbox" else -1
+
+    async def __aenter__(self) -> Self:
+        info = await self.engine.open()
+        log().debug(
+            "docker.connected",
+            version=info.get("ServerVersion"),
+            host=self.engine.docker.docker_host,
+        )
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        task_group.start_soon(self._watch_events)
+        return self
+
+    async def aclose(self) -> None:
+        task_group, self._task_group = self._task_group, None
+        if task_group is not None:
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(None, None, None)
+        with anyio.CancelScope(shield=True):
+            await self.engine.close()
+
+    async def _watch_events(self) -> None:
+        """Count OOM kills per container (the exec status alone cannot tell them apart)."""
+        filters = {"type": ["container"], "event": ["oom"], "label": [OWNER_LABEL]}
+        while True:
+            try:
+                async with self.engine.raw(
+                    "GET", "events", params={"filters": filters}
+                ) as response:
+                    async for line in response.content:
+                        if not line.strip():
+                            continue
+                        event = json.loads(line)
+                        name = event.get("Actor", {}).get("Attributes", {}).get("name")
+                        if name:
+                            self._ooms[name] += 1
+                            self._oom_seen.set()
+                            self._oom_seen = anyio.Event()
+            except (SandboxError, aiohttp.ClientError, OSError, ValueError) as exc:
+                log().debug("docker.events.reconnect", error=repr(exc))
+            await anyio.sleep(1.0)
+
+    async def _oom_after(self, name: str, before: int) -> bool:
+        with anyio.move_on_after(OOM_EVENT_GRACE):
+            while self._ooms[name] <= before:
+                await self._oom_seen.wait()
+        return self._ooms[name] > before
+
+    async def _ensure_image(self, image: str) -> None:
+        async with self._image_locks[image]:
+            try:
+                await self.engine.call("GET", f"images/{image}/json")
+                return
+            except SandboxError as exc:
+                if "no such image" not in str(exc).lower():
+                    raise
+            if self.pull == "never":
+                raise InvalidArgument(f"image {image!r} is not present locally and pull='never'")
+            await self._pull(image)
+
+    async def _pull(self, image: str) -> None:
+        name, _, tag = (
+            image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
+        )
+        log().info("docker.image.pull", image=image)
+        try:
+            async with self.engine.raw(
+                "POST",
+                "images/create",
+                params={"fromImage": name, "tag": tag},
+                headers={"Content-Type": "application/json"},
+            ) as response:
+                async for line in response.content:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if "error" in event:
+                        raise _pull_error(image, str(event["error"]))
+                    log().debug(
+                        "docker.image.pull.progress",
+                        image=image,
+                        status=event.get("status"),
+                        progress=event.get("progress"),
+                    )
+        except SandboxError as exc:
+            if isinstance(exc, InvalidArgument):
+                raise
+            raise _pull_error(image, str(exc)) from exc
+        log().info("docker.image.pulled", image=image)
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        image = spec.image or self.default_image
+        await self._ensure_image(image)
+        name = "asyncsandbox-" + uuid.uuid4().hex[:12]
+        lifetime = FOREVER if spec.max_lifetime is None else str(max(1, round(spec.max_lifetime)))
+        home = "/home/sandbox" if self.user == "sandbox" else "/root"
+        resources = spec.resources
+        host_config: dict[str, Any] = {
+            "Init": True,
+            "NetworkMode": "none" if spec.network == "none" else "host",
+            "CapDrop": ["ALL"],
+            "CapAdd": _AGENT_CAPS if self.user == "sandbox" else _ROOT_CAPS,
+            "SecurityOpt": ["no-new-privileges"],
+            "LogConfig": {"Type": "none", "Config": {}},
+        }
+        if resources.memory_mb is not None:
+            host_config["Memory"] = host_config["MemorySwap"] = resources.memory_mb * 1024 * 1024
+        if resources.pids is not None:
+            host_config["PidsLimit"] = resources.pids
+        if resources.cpus is not None:
+            host_config["NanoCpus"] = int(resources.cpus * 1e9)
+        config = {
+            "Image": image,
+            "Entrypoint": ["sleep"],
+            "Cmd": [lifetime],
+            "Env": [f"HOME={home}", "LANG=C.UTF-8", *(f"{k}={v}" for k, v in spec.env.items())],
+            "WorkingDir": spec.workdir,
+            "User": "0:0",  # the idle main process; commands run as the sandbox user
+            "Labels": dict(spec.labels),
+            "StopTimeout": 1,
+            "HostConfig": host_config,
+        }
+        try:
+            # Shielded (bounded by the call deadline): a create cancelled in flight may still
+            # happen in the daemon after our cleanup looked for it. Wait for the answer.
+            with anyio.CancelScope(shield=True):
+                await self.engine.call(
+                    "POST", "containers/create", params={"name": name}, body=config
+                )
+            await anyio.lowlevel.checkpoint()  # a cancellation that came meanwhile lands here
+            if self.user == "sandbox":
+                # Before start: the first command must find its workdir and home writable.
+                dirs = _tar.directories(
+                    [spec.workdir.lstrip("/"), home.lstrip("/")], uid=SANDBOX_UID, gid=SANDBOX_UID
+                )
+                await self._put(name, "/", dirs)
+            await self.engine.call("POST", f"containers/{name}/start", sandbox_id=name)
+        except BaseException:
+            # Shielded: a failed or cancelled create must not leave a container behind.
+            with anyio.CancelScope(shield=True):
+                await self._force_remove(name)
+            raise
+        return DockerSandbox(self, name, image, spec.labels)
+
+    async def _put(self, name: str, path: str, body: bytes | AsyncIterable[bytes]) -> None:
+        if isinstance(body, bytes):
+            body = io.BytesIO(body)  # type: ignore[assignment]  # aiohttp streams file objects
+        async with self.engine.raw(
+            "PUT",
+            f"containers/{name}/archive",
+            params={"path": path, "noOverwriteDirNonDir": True},
+            body=body,
+            sandbox_id=name,
+            file_path=path,
+        ):
+            pass
+
+    async def _force_remove(self, name: str) -> bool:
+        """Remove a container, whatever its state; False if that could not be confirmed."""
+        try:
+            await self.engine.call(
+                "DELETE", f"containers/{name}", params={"force": True, "v": True}, sandbox_id=name
+            )
+        except SandboxNotFound:
+            pass
+        except SandboxError as exc:
+            if "already in progress" in str(exc):
+                return True
+            log().warning("docker.remove.failed", sandbox_id=name, error=str(exc))
+            return False
+        return True
+
+    async def attach(self, sandbox_id: str) -> SandboxHandle:
+        data = await self.engine.call("GET", f"containers/{sandbox_id}/json", sandbox_id=sandbox_id)
+        labels = data.get("Config", {}).get("Labels") or {}
+        if OWNER_LABEL not in labels:
+            raise SandboxNotFound(sandbox_id, f"{sandbox_id!r} is not an asyncsandbox container")
+        return DockerSandbox(self, data["Name"].lstrip("/"), data["Config"]["Image"], labels)
+
+    async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
+        selectors = [OWNER_LABEL] + [f"{k}={v}" if v else k for k, v in labels.items()]
+        containers = await self.engine.call(
+            "GET", "containers/json", params={"all": True, "filters": {"label": selectors}}
+        )
+        return [
+            _info(c["Names"][0].lstrip("/"), c["State"], c["Labels"], c["Image"], c["Created"])
+            for c in containers
+        ]
+
+
+def _info(
+    name: str, state: str, labels: dict[str, str], image: str, created: float | None
+) -> SandboxInfo:
+    return SandboxInfo(
+        id=name,
+        status=_STATES.get(state, SandboxStatus.DEAD),
+        labels=labels,
+        image=image,
+        created_at=created,
+        backend="docker",
+    )
+
+
+def _pull_error(image: str, message: str) -> SandboxError:
+    lowered = message.lower()
+    if any(
+        s in lowered
+        for s in ("not found", "manifest unknown", "denied", "does not exist", "invalid reference")
+    ):
+        return InvalidArgument(f"image {image!r} cannot be had: {message}")
+    return BackendUnavailable(f"pulling image {image!r} failed: {message}", retryable=True)
+
+
+class DockerSandbox(SandboxHandle):
+    def __init__(
+        self, backend: DockerBackend, name: str, image: str, labels: Mapping[str, str]
+    ) -> None:
+        self._backend = backend
+        self._engine = backend.engine
+        self._name = name
+        self._image = image
+        self._expires = float(labels.get("asyncsandbox.expires") or "inf")
+        self._lost: SandboxDied | None = None
+
+    @property
+    def id(self) -> str:
+        return self._name
+
+    @property
+    def extra_attributes(self) -> Mapping[Any, Any]:
+        return {
+            DockerAttributes.container_id: lambda: self._name,
+            DockerAttributes.image: lambda: self._image,
+        }
+
+    def _check(self) -> None:
+        if self._lost is not None:
+            raise self._lost
+
+    async def _died(self, error: SandboxError) -> SandboxError:
+        """Turn "not running" into why: killed for memory, lifetime over, removed."""
+        if isinstance(error, SandboxNotFound):
+            return SandboxDied(self._name, "removed")
+        if not isinstance(error, SandboxDied) or error.reason.startswith("lost"):
+            return error
+        try:
+            data = await self._engine.call(
+                "GET", f"containers/{self._name}/json", sandbox_id=self._name
+            )
+        except SandboxNotFound:
+            return SandboxDied(self._name, "removed")
+        except SandboxError:
+            return error
+        state = data.get("State", {})
+        if state.get("OOMKilled"):
+            return SandboxOOMKilled(self._name, "the container exceeded its memory limit")
+        if time.time() >= self._expires - 1:
+            return SandboxDied(self._name, "max lifetime exceeded")
+        return SandboxDied(
+            self._name,
+            f"the container stopped ({state.get('Status')}, exit status {state.get('ExitCode')})",
+        )
+
+    async def _new_exec(self, cmd: list[str], env: Mapping[str, str], stdin: bool) -> str:
+        body = {
+            "Cmd": cmd,
+            "User": "0",
+            "Env": [f"{k}={v}" for k, v in env.items()],
+            "WorkingDir": "/",
+            "AttachStdin": stdin,
+            "AttachStdout": True,
+            "AttachStderr": True,
+            "Tty": False,
+        }
+        try:
+            created = await self._engine.call(
+                "POST", f"containers/{self._name}/exec", body=body, sandbox_id=self._name
+            )
+        except SandboxError as exc:
+            raise await self._died(exc) from exc
+        return str(created["Id"])
+
+    async def exec(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        on_output: OutputCallback,
+    ) -> ExitStatus:
+        self._check()
+        backend = self._backend
+        token = uuid.uuid4().hex
+        data = stdin or b""
+        gid = SANDBOX_UID if backend.uid >= 0 else -1
+        cmd = [
+            "python3",
+            "-I",
+            "-S",
+            "-c",
+            AGENT,
+            "run",
+            token,
+            str(backend.uid),
+            str(gid),
+            str(len(data)),
+            cwd,
+            "--",
+            *argv,
+        ]
+        exec_id = await self._new_exec(cmd, env, stdin=bool(data))
+        oom_before = backend._ooms[self._name]
+        first: bytes | None = None
+        stream = self._engine.exec_stream(exec_id)
+        try:
+            try:
+                with anyio.fail_after(self._engine.call_deadline):
+                    await stream._init()  # POST /exec/{id}/start, hijacking the connection
+                if data:
+                    for offset in range(0, len(data), 1 << 16):
+                        await stream.write_in(data[offset : offset + (1 << 16)])
+                while (message := await stream.read_out()) is not None:
+                    if first is None:
+                        first = message.data
+                    await on_output("stdout" if message.stream == 1 else "stderr", message.data)
+            except TimeoutError:
+                raise await self._engine._diagnose("exec start", self._name) from None
+            except (aiohttp.ClientError, OSError, RuntimeError) as exc:
+                raise BackendUnavailable(f"the exec stream broke: {exc}", retryable=False) from exc
+        except BaseException:
+            # Shielded and bounded: the command's whole tree must die before we re-raise.
+            with anyio.CancelScope(shield=True):
+                await stream.close()
+                if not await self._kill(token):
+                    self._lost = SandboxDied(self._name, "lost: a command could not be killed")
+                    log().warning(
+                        "docker.sandbox.lost", sandbox_id=self._name, reason="kill failed"
+                    )
+            raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                await stream.close()
+        try:
+            result = await self._engine.call("GET", f"exec/{exec_id}/json", sandbox_id=self._name)
+        except SandboxError as exc:
+            raise await self._died(exc) from exc
+        code = result.get("ExitCode")
+        if code is None or result.get("Running"):
+            raise await self._died(SandboxDied(self._name, "the command's exit status was lost"))
+        if (
+            code in (126, 127)
+            and first is not None
+            and b'"python3": executable file not found' in first
+        ):
+            raise InvalidArgument(
+                f"image {self._image!r} has no python3, which the docker backend needs in the "
+                "image to control process trees"
+            )
+        if code == 126 and first is not None and b"OCI runtime exec failed" in first:
+            raise await self._died(SandboxDied(self._name, first.decode(errors="replace").strip()))
+        oom = code == 137 and await backend._oom_after(self._name, oom_before)
+        return ExitStatus(returncode=int(code), oom_killed=oom)
+
+    async def _kill(self, token: str) -> bool:
+        """Kill the command run under ``token`` (and its whole tree). True once confirmed."""
+        with anyio.move_on_after(KILL_DEADLINE):
+            try:
+                exec_id = await self._new_exec(
+                    ["python3", "-I", "-S", "-c", AGENT, "kill", token], {}, stdin=False
+                )
+                stream = self._engine.exec_stream(exec_id)
+                try:
+                    while await stream.read_out() is not None:
+                        pass
+                finally:
+                    await stream.close()
+                result = await self._engine.call(
+                    "GET", f"exec/{exec_id}/json", sandbox_id=self._name
+                )
+                if result.get("ExitCode") != 0:
+                    log().warning(
+                        "docker.kill.failed",
+                        sandbox_id=self._name,
+                        exit_code=result.get("ExitCode"),
+                    )
+                return bool(result.get("ExitCode") == 0)
+            except SandboxDied:
+                return True  # the container is gone, and every process with it
+            except (SandboxError, aiohttp.ClientError, OSError, RuntimeError) as exc:
+                log().warning("docker.kill.failed", sandbox_id=self._name, error=repr(exc))
+                return False
+        return False
+
+    async def _stat(self, path: str) -> tuple[str, dict[str, Any]]:
+        """(resolved path, stat) of ``path``, following a final symlink."""
+        for _ in range(10):
+            headers = await self._engine.head(
+                f"containers/{self._name}/archive",
+                params={"path": path},
+                sandbox_id=self._name,
+                file_path=path,
+            )
+            header = headers.get("X-Docker-Container-Path-Stat", "")
+            stat = json.loads(base64.b64decode(header)) if header else {}
+            target = stat.get("linkTarget") or ""
+            if not (int(stat.get("mode", 0)) & MODE_SYMLINK) or not target:
+                return path, stat
+            path = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+        raise SandboxFileError(
+            FileErrorReason.INVALID_PATH, path, "too many levels of symbolic links"
+        )
+
+    async def _file_call(self, coro: Any) -> Any:
+        try:
+            return await coro
+        except SandboxError as exc:
+            if isinstance(exc, SandboxFileError | InvalidArgument):
+                raise
+            raise await self._died(exc) from exc
+
+    async def read_file(self, path: str, *, max_bytes: int) -> bytes:
+        self._check()
+        target, stat = await self._file_call(self._stat(path))
+        if int(stat.get("mode", 0)) & MODE_DIR:
+            raise SandboxFileError(FileErrorReason.IS_A_DIRECTORY, path)
+        if int(stat.get("size", 0)) > max_bytes:
+            raise SandboxFileError(
+                FileErrorReason.TOO_LARGE, path, f"{stat.get('size')} > {max_bytes} bytes"
+            )
+        async with self._engine.raw(
+            "GET",
+            f"containers/{self._name}/archive",
+            params={"path": target},
+            sandbox_id=self._name,
+            file_path=path,
+        ) as response:
+            archive = await response.read()
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            member = tar.next()
+            source = tar.extractfile(member) if member is not None else None
+            if source is None:
+                raise SandboxFileError(FileErrorReason.OTHER, path, "not a regular file")
+            content = source.read(max_bytes + 1)
+        if len(content) > max_bytes:
+            raise SandboxFileError(FileErrorReason.TOO_LARGE, path, f"more than {max_bytes} bytes")
+        return content
+
+    async def _mkdirs(self, path: str) -> None:
+        """Create directory ``path`` and missing parents, owned by the sandbox user."""
+        missing: list[str] = []
+        current = path
+        while current != "/":
+            try:
+                _, stat = await self._stat(current)
+            except SandboxFileError as exc:
+                if exc.reason != FileErrorReason.NOT_FOUND:
+                    raise
+                missing.append(current)
+                current = posixpath.dirname(current)
+                continue
+            if not int(stat.get("mode", 0)) & MODE_DIR:
+                raise SandboxFileError(
+                    FileErrorReason.NOT_A_DIRECTORY, path, f"{current} is a file"
+                )
+            break
+        if missing:
+            uid = max(self._backend.uid, 0)
+            names = [posixpath.relpath(p, current) for p in reversed(missing)]
+            await self._backend._put(self._name, current, _tar.directories(names, uid=uid, gid=uid))
+
+    async def write_file(self, path: str, data: bytes, *, mode: int) -> None:
+        self._check()
+        parent, name = posixpath.split(path)
+        uid = max(self._backend.uid, 0)
+
+        def archive() -> AsyncIterator[bytes]:
+            return _tar.single_file(name, data, mode=mode, uid=uid, gid=uid)
+
+        try:
+            await self._file_call(self._backend._put(self._name, parent, archive()))
+        except SandboxFileError as exc:
+            if exc.reason != FileErrorReason.NOT_FOUND:
+                raise
+            await self._file_call(self._mkdirs(parent))
+            await self._file_call(self._backend._put(self._name, parent, archive()))
+
+    async def put_archive(self, path: str, archive: AsyncIterable[bytes]) -> None:
+        self._check()
+        await self._file_call(self._mkdirs(path))
+        uid = max(self._backend.uid, 0)
+        await self._file_call(
+            self._backend._put(self._name, path, _tar.owned_by(archive, uid, uid))
+        )
+
+    @asynccontextmanager
+    async def get_archive(self, path: str) -> AsyncIterator[AsyncIterator[bytes]]:
+        self._check()
+        target, _ = await self._file_call(self._stat(path))
+        async with self._engine.raw(
+            "GET",
+            f"containers/{self._name}/archive",
+            params={"path": target},
+            sandbox_id=self._name,
+            file_path=path,
+        ) as response:
+            yield response.content.iter_chunked(256 * 1024)
+
+    async def inspect(self) -> SandboxInfo:
+        data = await self._engine.call(
+            "GET", f"containers/{self._name}/json", sandbox_id=self._name
+        )
+        config = data.get("Config", {})
+        return _info(
+            self._name,
+            data["State"]["Status"],
+            config.get("Labels") or {},
+            config.get("Image", ""),
+            None,
+        )
+
+    async def remove(self) -> None:
+        if self._lost is not None:
+            # It stopped answering: another call would hang too. The sweep will retry.
+            log().warning(
+                "docker.sandbox.left_for_sweep", sandbox_id=self._name, reason=self._lost.reason
+            )
+            return
+        if not await self._backend._force_remove(self._name):
+            raise BackendUnavailable(f"could not remove container {self._name}", retryable=True)

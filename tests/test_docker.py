@@ -1,0 +1,298 @@
+"""The Docker backend on a real engine. asyncio only: aiodocker is asyncio-based, and the
+backend says so (see test_refuses_trio_with_a_clear_error)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+
+import anyio
+import anyio.to_thread
+import pytest
+from asyncsandbox_docker import DockerAttributes, DockerBackend
+
+from asyncsandbox import (
+    ExecTimeout,
+    InfrastructureError,
+    InvalidArgument,
+    Resources,
+    SandboxDefaults,
+    SandboxDied,
+    Session,
+)
+from asyncsandbox.testing import CHECKS, Check
+
+from .conftest import docker_problem, docker_test_image
+
+pytestmark = pytest.mark.usefixtures("docker_engine")
+IMAGE = docker_test_image()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def daemon_still_answers() -> Iterator[None]:
+    """Fail fast, with the reason, if a test left the daemon wedged."""
+    yield
+    problem = docker_problem()
+    if problem is not None:
+        pytest.fail(problem)
+
+
+def backend(**options: object) -> DockerBackend:
+    return DockerBackend(default_image=IMAGE, **options)  # type: ignore[arg-type]
+
+
+def session(tag: str, **kwargs: object) -> Session:
+    defaults = kwargs.pop("defaults", None) or SandboxDefaults(tags=(tag,))
+    return Session(backend(), defaults=defaults, sweep=False, **kwargs)  # type: ignore[arg-type]
+
+
+def containers(label: str) -> list[str]:
+    done = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label={label}"],
+        capture_output=True,
+        timeout=30,
+        check=True,
+    )
+    return done.stdout.decode().split()
+
+
+def unique() -> str:
+    return "test-" + uuid.uuid4().hex[:8]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
+async def test_conformance(check: Check) -> None:
+    await check.run(backend)
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_refuses_trio_with_a_clear_error() -> None:
+    with pytest.raises(InvalidArgument, match=r"does not run on trio.*asyncio.*'process'"):
+        async with Session(backend(), sweep=False):
+            pass
+
+
+async def test_containers_are_locked_down() -> None:
+    tag = unique()
+    async with session(tag) as s, s.sandbox() as sb:
+        name = sb.extra(DockerAttributes.container_id)
+        inspect = await anyio.run_process(["docker", "inspect", name])
+        import json
+
+        config = json.loads(inspect.stdout)[0]
+        host = config["HostConfig"]
+        assert host["NetworkMode"] == "none"
+        assert host["Init"] is True
+        assert host["Memory"] == 1024 * 1024 * 1024
+        assert host["PidsLimit"] == 512
+        assert "no-new-privileges" in host["SecurityOpt"]
+        assert host["CapDrop"] == ["ALL"]
+        assert config["Config"]["Labels"][f"asyncsandbox.tag.{tag}"] == ""
+        assert "asyncsandbox.owner" in config["Config"]["Labels"]
+        who = await sb.exec(["sh", "-c", "id -u; echo $HOME; touch /etc/forbidden"])
+        assert who.stdout == b"1000\n/home/sandbox\n"
+        assert who.returncode != 0  # the sandbox user cannot write system files
+
+
+async def test_no_network() -> None:
+    code = "import socket; socket.create_connection(('1.1.1.1', 53), timeout=3)"
+    async with session(unique()) as s:
+        result = await s.run(["python3", "-c", code])
+    assert result.returncode != 0
+    assert b"Network is unreachable" in result.stderr or b"OSError" in result.stderr
+
+
+async def test_memory_limit_is_reported_as_oom() -> None:
+    defaults = SandboxDefaults(tags=(unique(),), resources=Resources(memory_mb=64))
+    async with session("", defaults=defaults) as s, s.sandbox() as sb:
+        hog = await sb.exec(
+            ["python3", "-c", "x = bytearray(512 * 1024 * 1024); print('no')"], timeout=60
+        )
+        assert hog.returncode == 137
+        assert hog.oom_killed
+        ok = await sb.exec(["echo", "alive"])
+        assert ok.stdout == b"alive\n"
+        assert not ok.oom_killed
+
+
+async def test_fork_bomb_is_contained() -> None:
+    defaults = SandboxDefaults(tags=(unique(),), resources=Resources(pids=64))
+    async with session("", defaults=defaults) as s, s.sandbox() as sb:
+        with pytest.raises(ExecTimeout):
+            await sb.exec(["sh", "-c", "b() { b | b & }; b; sleep 100"], timeout=3)
+        alive = await sb.exec(["echo", "still here"], timeout=20)
+        assert alive.stdout == b"still here\n"
+        left = await sb.exec(["sh", "-c", "ls /proc | grep -c '^[0-9]'"], timeout=20)
+        assert int(left.stdout) < 10  # the bomb's processes are all gone
+
+
+async def test_max_lifetime_is_enforced_inside_the_container() -> None:
+    tag = unique()
+    async with session(tag) as s:
+        sb = await s.sandbox(max_lifetime=2).start()
+        await anyio.sleep(3.5)
+        with pytest.raises(SandboxDied, match="max lifetime"):
+            await sb.exec(["true"])
+        report = await s.gc()
+        assert (sb.id, "max lifetime exceeded") in [(info.id, reason) for info, reason in report]
+    assert containers(f"asyncsandbox.tag.{tag}") == []
+
+
+async def test_image_errors_are_clear() -> None:
+    async with Session(backend(pull="never"), sweep=False) as s:
+        with pytest.raises(InvalidArgument, match="not present locally"):
+            await s.sandbox(image="asyncsandbox-no-such-image:1").start()
+
+
+@pytest.fixture
+def image_without_python() -> Iterator[str]:
+    name = "asyncsandbox-test-nopython:" + uuid.uuid4().hex[:6]
+    container = (
+        subprocess.run(
+            ["docker", "create", "--entrypoint", "sh", IMAGE, "-c", "rm -f /usr/bin/python3*"],
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+        .stdout.decode()
+        .strip()
+    )
+    try:
+        subprocess.run(
+            ["docker", "start", "-a", container], check=True, timeout=60, capture_output=True
+        )
+        subprocess.run(
+            ["docker", "commit", container, name], check=True, timeout=60, capture_output=True
+        )
+    finally:
+        subprocess.run(
+            ["docker", "rm", "-f", container], timeout=60, capture_output=True, check=False
+        )
+    yield name
+    subprocess.run(["docker", "rmi", "-f", name], timeout=60, capture_output=True, check=False)
+
+
+async def test_image_without_python_is_a_clear_error(image_without_python: str) -> None:
+    async with session(unique()) as s, s.sandbox(image=image_without_python) as sb:
+        with pytest.raises(InvalidArgument, match="has no python3"):
+            await sb.exec(["true"])
+
+
+async def test_rollouts_at_concurrency_32_leave_nothing() -> None:
+    """Done-when: 256 rollouts (create, 5 execs, a file write and read, remove) at
+    concurrency 32, zero errors and zero containers left."""
+    tag = unique()
+    results: dict[int, bytes] = {}
+
+    async def rollout(s: Session, i: int) -> None:
+        async with s.sandbox() as sb:
+            for step in range(5):
+                r = await sb.exec(["python3", "-c", f"print({i} * 10 + {step})"], timeout=60)
+                assert r.stdout == f"{i * 10 + step}\n".encode()
+            await sb.write_file("answer.txt", f"rollout {i}".encode())
+            results[i] = await sb.read_file("answer.txt")
+
+    limiter = anyio.CapacityLimiter(32)
+
+    async def bounded(s: Session, i: int) -> None:
+        async with limiter:
+            await rollout(s, i)
+
+    async with session(tag) as s:
+        async with anyio.create_task_group() as tg:
+            for i in range(256):
+                tg.start_soon(bounded, s, i)
+        stats = s.statistics()
+    assert results == {i: f"rollout {i}".encode() for i in range(256)}
+    assert stats.sandboxes_started == stats.sandboxes_removed == 256
+    assert stats.start_failures == stats.remove_failures == stats.execs_failed == 0
+    assert containers(f"asyncsandbox.tag.{tag}") == []
+
+
+OWNER = textwrap.dedent(
+    """
+    import os, signal, sys, anyio
+    from asyncsandbox import Session, SandboxDefaults
+    from asyncsandbox_docker import DockerBackend
+    async def main():
+        defaults = SandboxDefaults(tags=(sys.argv[2],))
+        async with Session(DockerBackend(default_image=sys.argv[1]), defaults=defaults, sweep=False) as s:
+            for _ in range(3):
+                await s.sandbox().start()
+            print("ready", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    anyio.run(main)
+    """
+)
+
+
+async def test_sweep_removes_containers_of_a_killed_owner() -> None:
+    tag = unique()
+    owner = await anyio.run_process([sys.executable, "-c", OWNER, IMAGE, tag], check=False)
+    assert owner.returncode == -signal.SIGKILL, owner.stderr.decode()
+    assert len(containers(f"asyncsandbox.tag.{tag}")) == 3
+    async with Session(backend()):  # sweep=True by default
+        pass
+    assert containers(f"asyncsandbox.tag.{tag}") == []
+
+
+# -- the daemon restarting under us -----------------------------------------------------------
+
+
+def dockerd_pid() -> int | None:
+    done = subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, check=False)
+    pids = done.stdout.split()
+    return int(pids[0]) if len(pids) == 1 else None
+
+
+restartable = pytest.mark.skipif(
+    os.environ.get("ASYNCSANDBOX_TEST_DOCKER_RESTART") != "1",
+    reason="restarts the Docker daemon: set ASYNCSANDBOX_TEST_DOCKER_RESTART=1 (CI does)",
+)
+
+
+@restartable
+async def test_daemon_restart_mid_run_fails_in_flight_work_with_typed_errors() -> None:
+    pid = dockerd_pid()
+    assert pid is not None, "needs exactly one dockerd, started by hand (as CI does)"
+    cmdline = await anyio.Path(f"/proc/{pid}/cmdline").read_bytes()
+    command = [arg.decode() for arg in cmdline.split(b"\0") if arg]
+    tag = unique()
+    errors: list[BaseException] = []
+
+    async def long_exec(sb: object) -> None:
+        try:
+            await sb.exec(["sleep", "60"], timeout=90)  # type: ignore[attr-defined]
+        except InfrastructureError as exc:
+            errors.append(exc)
+
+    started = time.monotonic()
+    async with session(tag) as s:
+        sandboxes = [await s.sandbox().start() for _ in range(4)]
+        async with anyio.create_task_group() as tg:
+            for sb in sandboxes:
+                tg.start_soon(long_exec, sb)
+            await anyio.sleep(1)
+            os.kill(pid, signal.SIGTERM)  # a graceful restart, as `systemctl restart docker`
+            with anyio.fail_after(60):
+                while dockerd_pid() is not None:  # noqa: ASYNC110 - polling another process
+                    await anyio.sleep(0.2)
+            # Detached (through sh) so that it outlives this test like the original did.
+            await anyio.run_process(["sh", "-c", 'nohup "$@" >/dev/null 2>&1 &', "sh", *command])
+            with anyio.fail_after(60):
+                while await anyio.to_thread.run_sync(docker_problem) is not None:  # noqa: ASYNC110
+                    await anyio.sleep(0.5)
+        assert len(errors) == 4, errors  # every in-flight exec ended with an infrastructure error
+        assert time.monotonic() - started < 90  # within the execs' own timeout: nothing hung
+    assert containers(f"asyncsandbox.tag.{tag}") == []
