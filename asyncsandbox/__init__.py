@@ -30,6 +30,7 @@ from ._errors import (
     SandboxOOMKilled as SandboxOOMKilled,
 )
 from ._limits import LimiterStatistics as LimiterStatistics
+from ._metrics import MetricsReporter as MetricsReporter
 from ._models import (
     ExecResult as ExecResult,
     OutputChunk as OutputChunk,
@@ -63,6 +64,7 @@ __all__ = (
     "SandboxStatus",
     "SessionStatistics",
     "LimiterStatistics",
+    "MetricsReporter",
     # errors
     "SandboxError",
     "InvalidArgument",

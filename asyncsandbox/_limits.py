@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -39,8 +39,16 @@ class Limiter:
     from creation to removal, across many tasks).
     """
 
-    def __init__(self, name: str, limit: int | None, *, capacity_timeout: float | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        limit: int | None,
+        *,
+        capacity_timeout: float | None,
+        on_wait: Callable[[float], None] | None = None,
+    ) -> None:
         self.name = name
+        self._on_wait = on_wait
         self.limit = limit
         self._capacity_timeout = math.inf if capacity_timeout is None else capacity_timeout
         self._semaphore = None if limit is None else anyio.Semaphore(limit, fast_acquire=True)
@@ -70,6 +78,8 @@ class Limiter:
             waited = anyio.current_time() - started
             self._wait_total += waited
             self._wait_max = max(self._wait_max, waited)
+            if self._on_wait is not None:
+                self._on_wait(waited)
         self._active += 1
         self._acquired += 1
         self._peak = max(self._peak, self._active)

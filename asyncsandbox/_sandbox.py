@@ -97,6 +97,9 @@ class Sandbox:
         self._scopes: set[anyio.CancelScope] = set()
         self._log = session._log
         self._execs = 0
+        self._stats = dict.fromkeys(
+            ("exec_completed_ok", "exec_completed_nonzero", "exec_failures"), 0
+        )
         self.started_at: float | None = None
         """``time.time()`` when the sandbox became ready."""
         self.startup_seconds: float | None = None
@@ -122,6 +125,21 @@ class Sandbox:
     def exec_count(self) -> int:
         """Commands started in this sandbox so far."""
         return self._execs
+
+    @property
+    def exec_stats(self) -> dict[str, int]:
+        """Commands of this sandbox: ``exec_count`` (started), ``exec_completed_ok``,
+        ``exec_completed_nonzero``, ``exec_failures`` (timeouts and errors). Commands still
+        running count in ``exec_count`` only."""
+        return {"exec_count": self._execs, **self._stats}
+
+    def _record(self, result: ExecResult | None, error: BaseException | None) -> None:
+        if result is None or result.timed_out:
+            self._stats["exec_failures"] += 1
+        elif result.returncode == 0:
+            self._stats["exec_completed_ok"] += 1
+        else:
+            self._stats["exec_completed_nonzero"] += 1
 
     def extra(self, attribute: T_Attr, default: Any = TypedAttributeLookupError) -> T_Attr:
         """A backend-specific typed attribute of the started sandbox (see ``asyncsandbox.abc``)."""
@@ -314,7 +332,6 @@ class Sandbox:
         handle = await self._live_handle()
         async with session._exec_slot():
             self._execs += 1
-            session._exec_started(self)
             status: ExitStatus | None = None
             started = anyio.current_time()
             deadline = math.inf if args.timeout is None else started + args.timeout

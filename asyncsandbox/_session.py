@@ -7,7 +7,7 @@ from __future__ import annotations
 import builtins
 import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
 from typing import Any, Self, TypeVar, final
@@ -28,6 +28,7 @@ from ._errors import (
 )
 from ._limits import Limiter, LimiterStatistics
 from ._log import get_logger
+from ._metrics import Metrics, MetricsReporter, resolve_reporters
 from ._models import ExecResult, SandboxInfo, SandboxStatus
 from ._operations import Operation
 from ._registry import create_backend
@@ -81,6 +82,11 @@ class Session:
     :param retries: retries of retryable infrastructure errors in lifecycle calls.
     :param sweep: on open, remove sandboxes left by crashed owners or past their lifetime
         (what ``asyncsandbox gc`` does).
+    :param report_to: where :meth:`log_metrics` sends metrics: a list of reporter names
+        (``"wandb"``: the active W&B run; ``"log"``: a ``session.metrics`` structlog event)
+        or callables ``reporter(metrics, step)``. ``None`` (default): W&B when a run is
+        active at logging time. ``[]``: nowhere.
+    :param metrics_prefix: prefix of every metric name.
 
     Open and close it in the same task (``async with`` does that).
     """
@@ -95,6 +101,8 @@ class Session:
         timeouts: Timeouts | None = None,
         retries: RetryPolicy | None = None,
         sweep: bool = True,
+        report_to: Sequence[str | MetricsReporter] | None = None,
+        metrics_prefix: str = "asyncsandbox/",
     ) -> None:
         for name, value, kind in (
             ("defaults", defaults, SandboxDefaults),
@@ -122,14 +130,20 @@ class Session:
         self.timeouts = timeouts or Timeouts()
         self.retries = retries or RetryPolicy()
         self._sweep = sweep
+        self._metrics = Metrics(metrics_prefix)
+        self._reporters = resolve_reporters(report_to)
         self._state = _NEW
         self._stack: AsyncExitStack | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
         self._sandboxes: set[Sandbox] = set()
-        timeout = self.limits.capacity_timeout
-        self._live = Limiter("live", self.limits.max_live, capacity_timeout=timeout)
-        self._lifecycle = Limiter("lifecycle", self.limits.max_lifecycle, capacity_timeout=timeout)
-        self._execs = Limiter("execs", self.limits.max_execs, capacity_timeout=timeout)
+        timeout, waited = self.limits.capacity_timeout, self._metrics.waited
+        self._live = Limiter("live", self.limits.max_live, capacity_timeout=timeout, on_wait=waited)
+        self._lifecycle = Limiter(
+            "lifecycle", self.limits.max_lifecycle, capacity_timeout=timeout, on_wait=waited
+        )
+        self._execs = Limiter(
+            "execs", self.limits.max_execs, capacity_timeout=timeout, on_wait=waited
+        )
         self._counts = dict.fromkeys(
             (
                 "started",
@@ -225,6 +239,8 @@ class Session:
             async with anyio.create_task_group() as tg:
                 for sandbox in list(self._sandboxes):
                     tg.start_soon(stop, sandbox)
+        if not self._metrics.empty:
+            self.log_metrics(reset=True)  # the final figures of the run
         if self._stack is not None:
             # Outside the shield: a backend may hold a task group entered before it, which
             # must exit outside scopes opened later. Backend.aclose shields what it must.
@@ -348,6 +364,37 @@ class Session:
                 self._log.info("session.gc.removed", sandbox_id=info.id, reason=reason)
         return garbage
 
+    def metrics(self) -> dict[str, float]:
+        """The metrics since the last reset, without reporting them. Names (after the
+        prefix): ``sandboxes_created``, ``sandboxes_live``, ``executions``,
+        ``exec_completed_ok``, ``exec_completed_nonzero``, ``exec_failures`` (timeouts and
+        errors), ``exec_timeouts``, ``exec_infrastructure_errors``, ``exec_completion_rate``,
+        ``exec_failure_rate``, ``startup_count``, ``avg/min/max_startup_seconds``,
+        ``avg/min/max_execs_per_sandbox`` (over sandboxes removed), ``exec_latency_p50/p90/
+        p99_seconds``, ``capacity_wait_seconds`` and ``capacity_wait_max_seconds``."""
+        return self._metrics.snapshot(live=self._live.statistics().active)
+
+    def log_metrics(self, step: int | None = None, *, reset: bool = True) -> dict[str, float]:
+        """Send :meth:`metrics` to the reporters (``report_to``) at training ``step``, and
+        return them. With ``reset``, counting starts afresh — but only once a reporter took
+        them, so nothing is lost while no W&B run is active."""
+        metrics = self.metrics()
+        delivered = False
+        for reporter in self._reporters:
+            try:
+                reporter(metrics, step)
+            except LookupError:
+                continue  # auto mode without an active run: keep accumulating
+            except Exception as exc:  # noqa: BLE001 - a broken reporter must not stop training
+                self._log.warning(
+                    "session.metrics.report_failed", reporter=repr(reporter), error=repr(exc)
+                )
+                continue
+            delivered = True
+        if reset and delivered:
+            self._metrics.reset()
+        return metrics
+
     def statistics(self) -> SessionStatistics:
         c = self._counts
         return SessionStatistics(
@@ -407,6 +454,7 @@ class Session:
             self._counts["start_failures"] += 1
             raise
         sandbox.startup_seconds = anyio.current_time() - started
+        self._metrics.started(sandbox.startup_seconds)
         self._sandboxes.add(sandbox)
         self._counts["started"] += 1
         self._log.debug(
@@ -429,6 +477,7 @@ class Session:
             self._counts["removed"] += 1
             self._log.debug("sandbox.removed", sandbox_id=handle.id)
         finally:
+            self._metrics.sandbox_finished(sandbox.exec_count)
             self._sandboxes.discard(sandbox)
             self._live.release()
 
@@ -469,9 +518,6 @@ class Session:
         async with self._execs.slot():
             yield
 
-    def _exec_started(self, sandbox: Sandbox) -> None:
-        pass
-
     def _exec_finished(
         self, sandbox: Sandbox, result: ExecResult | None, error: BaseException | None
     ) -> None:
@@ -481,6 +527,13 @@ class Session:
             self._counts["failed"] += 1
         else:
             self._counts["finished"] += 1
+        self._metrics.exec_finished(
+            returncode=None if result is None else result.returncode,
+            duration=None if result is None else result.duration,
+            timed_out=result is not None and result.timed_out,
+            infrastructure=isinstance(error, InfrastructureError),
+        )
+        sandbox._record(result, error)
         if result is not None:
             sandbox._log.debug(
                 "sandbox.exec.finished",

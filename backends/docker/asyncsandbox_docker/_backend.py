@@ -579,15 +579,20 @@ class DockerSandbox(SandboxHandle):
             sandbox_id=self._name,
             file_path=path,
         ) as response:
-            archive = await response.read()
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            member = tar.next()
-            source = tar.extractfile(member) if member is not None else None
-            if source is None:
-                raise SandboxFileError(FileErrorReason.OTHER, path, "not a regular file")
-            content = source.read(max_bytes + 1)
-        if len(content) > max_bytes:
-            raise SandboxFileError(FileErrorReason.TOO_LARGE, path, f"more than {max_bytes} bytes")
+            try:
+                content = await _tar.read_single(
+                    response.content.iter_chunked(256 * 1024), max_bytes
+                )
+            except OverflowError:  # it grew since the stat
+                raise SandboxFileError(
+                    FileErrorReason.TOO_LARGE, path, f"more than {max_bytes} bytes"
+                ) from None
+            except tarfile.TarError as exc:
+                raise SandboxFileError(
+                    FileErrorReason.OTHER, path, f"bad archive from Docker: {exc}"
+                ) from exc
+        if content is None:
+            raise SandboxFileError(FileErrorReason.OTHER, path, "not a regular file")
         return content
 
     async def _mkdirs(self, path: str) -> None:

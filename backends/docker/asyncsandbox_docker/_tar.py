@@ -135,3 +135,57 @@ def _archive(entries: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
         for info, data in entries:
             tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
     return buffer.getvalue()
+
+
+class _Blocks:
+    """Reads exact byte counts from a chunk stream."""
+
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self._chunks = chunks
+        self._buffer = bytearray()
+
+    async def read(self, n: int, into: bytearray | None = None) -> bytes:
+        out = into if into is not None else bytearray()
+        target = len(out) + n
+        while len(out) < target:
+            if not self._buffer:
+                chunk = await anext(self._chunks, None)
+                if chunk is None:
+                    raise tarfile.ReadError("unexpected end of archive")
+                self._buffer += chunk
+            take = min(target - len(out), len(self._buffer))
+            out += self._buffer[:take]
+            del self._buffer[:take]
+        return bytes(out) if into is None else b""
+
+
+async def read_single(chunks: AsyncIterator[bytes], max_bytes: int) -> bytes | None:
+    """The content of the first member of a tar stream if it is a regular file of at most
+    ``max_bytes``, reading no more than that (None: not a regular file; a longer file
+    raises OverflowError). Memory holds the content once, never the archive."""
+    blocks = _Blocks(chunks)
+    size_override: int | None = None
+    while True:
+        header = await blocks.read(BLOCK)
+        if header == _ZERO:
+            return None
+        kind = header[156:157]
+        size = _size(header[124:136])
+        padded = -(-size // BLOCK) * BLOCK
+        if kind in (b"x", b"g", b"L", b"K"):  # PAX records, GNU long names: metadata
+            data = await blocks.read(padded)
+            if kind == b"x":
+                for record in data[:size].split(b"\n"):
+                    key, _, value = record.partition(b" ")[2].partition(b"=")
+                    if key == b"size":
+                        size_override = int(value)
+            continue
+        if kind not in (b"0", b"\0", b"7"):
+            return None
+        if size_override is not None:
+            size = size_override
+        if size > max_bytes:
+            raise OverflowError(size)
+        content = bytearray()
+        await blocks.read(size, into=content)
+        return bytes(content)
