@@ -20,6 +20,9 @@ Promises that hold for every method:
   cancellation propagate — a cancelled ``create`` leaves no sandbox, a cancelled ``exec``
   leaves no process — in a shielded scope with a bounded deadline. Never swallow it.
 
+Backends that can run ``sh`` scripts inside their sandboxes get the four file operations
+from the :class:`ShellFiles` mixin by implementing one method.
+
 Third-party backends register under the entry-point group ``asyncsandbox.backends``
 (``name = "package.module:BackendClass"``); ``Session(backend="name", backend_options={...})``
 then calls ``BackendClass(**backend_options)``.
@@ -39,6 +42,7 @@ from anyio import TypedAttributeProvider
 
 from ._config import Resources
 from ._models import SandboxInfo, Stream
+from ._shellfiles import ShellFiles, ShellProcess
 
 __all__ = (
     "Backend",
@@ -47,6 +51,8 @@ __all__ = (
     "OutputCallback",
     "SandboxHandle",
     "SandboxSpec",
+    "ShellFiles",
+    "ShellProcess",
 )
 
 OutputCallback = Callable[[Stream, bytes], Awaitable[None]]

@@ -72,8 +72,43 @@ def unique() -> str:
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
-async def test_conformance(check: Check) -> None:
-    await check.run(backend)
+@pytest.mark.parametrize("fast_path", [True, False], ids=["executor", "engine-api"])
+async def test_conformance(check: Check, fast_path: bool) -> None:
+    await check.run(lambda: backend(fast_path=fast_path))
+
+
+async def test_commands_cannot_touch_the_executor() -> None:
+    """The trust model of the fast path: a command (the sandbox user) can neither signal the
+    executor nor reach its file descriptors, so it cannot forge another command's result."""
+    probe = textwrap.dedent(
+        """
+        import os, signal
+        pids = [p for p in os.listdir('/proc') if p.isdigit()]
+        executor = next(p for p in pids if b'serve' in open(f'/proc/{p}/cmdline', 'rb').read())
+        try:
+            os.kill(int(executor), signal.SIGKILL)
+            print('killed')
+        except PermissionError:
+            print('kill refused')
+        try:
+            os.open(f'/proc/{executor}/fd/1', os.O_WRONLY)
+            print('opened')
+        except PermissionError:
+            print('fd refused')
+        """
+    )
+    async with session(unique()) as s, s.sandbox() as sb:
+        result = await sb.exec(["python3", "-c", probe])
+        assert result.stdout == b"kill refused\nfd refused\n", result.stderr
+        assert (await sb.exec(["echo", "still served"])).stdout == b"still served\n"
+
+
+async def test_signals_are_reported_on_the_fast_path() -> None:
+    async with session(unique()) as s, s.sandbox() as sb:
+        killed = await sb.exec(["sh", "-c", "kill -9 $$"])
+        exited = await sb.exec(["sh", "-c", "exit 137"])
+    assert (killed.returncode, killed.signal) == (137, 9)
+    assert (exited.returncode, exited.signal) == (137, None)
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])
@@ -183,10 +218,17 @@ def image_without_python() -> Iterator[str]:
     subprocess.run(["docker", "rmi", "-f", name], timeout=60, capture_output=True, check=False)
 
 
-async def test_image_without_python_is_a_clear_error(image_without_python: str) -> None:
-    async with session(unique()) as s, s.sandbox(image=image_without_python) as sb:
+@pytest.mark.parametrize("fast_path", [True, False], ids=["executor", "engine-api"])
+async def test_image_without_python_is_a_clear_error(
+    image_without_python: str, fast_path: bool
+) -> None:
+    tag = unique()
+    defaults = SandboxDefaults(tags=(tag,))
+    async with Session(backend(fast_path=fast_path), defaults=defaults, sweep=False) as s:
         with pytest.raises(InvalidArgument, match="has no python3"):
-            await sb.exec(["true"])
+            async with s.sandbox(image=image_without_python) as sb:
+                await sb.exec(["true"])
+    assert containers(f"asyncsandbox.tag.{tag}") == []
 
 
 async def test_rollouts_at_concurrency_32_leave_nothing() -> None:
@@ -228,10 +270,11 @@ OWNER = textwrap.dedent(
     async def main():
         defaults = SandboxDefaults(tags=(sys.argv[2],))
         async with Session(DockerBackend(default_image=sys.argv[1]), defaults=defaults, sweep=False) as s:
-            for _ in range(3):
-                await s.sandbox().start()
-            print("ready", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+            sandboxes = [await s.sandbox().start() for _ in range(3)]
+            async with sandboxes[0].exec_stream(["sh", "-c", "echo up; exec sleep 1234"]) as run:
+                async for _ in run:
+                    print("ready", flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
     anyio.run(main)
     """
 )
@@ -241,7 +284,16 @@ async def test_sweep_removes_containers_of_a_killed_owner() -> None:
     tag = unique()
     owner = await anyio.run_process([sys.executable, "-c", OWNER, IMAGE, tag], check=False)
     assert owner.returncode == -signal.SIGKILL, owner.stderr.decode()
-    assert len(containers(f"asyncsandbox.tag.{tag}")) == 3
+    left = containers(f"asyncsandbox.tag.{tag}")
+    assert len(left) == 3
+    # The owner's connection died with it: each executor saw its stdin close, killed its
+    # commands and ended its container (the dead-man's switch of the fast path).
+    with anyio.fail_after(20):
+        while True:
+            states = await anyio.run_process(["docker", "inspect", "-f", "{{.State.Running}}", *left])
+            if set(states.stdout.split()) == {b"false"}:
+                break
+            await anyio.sleep(0.2)
     async with Session(backend()):  # sweep=True by default
         pass
     assert containers(f"asyncsandbox.tag.{tag}") == []

@@ -11,7 +11,7 @@ import stat
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -25,14 +25,13 @@ from anyio.abc import ByteReceiveStream
 
 from .._errors import (
     BackendUnavailable,
-    FileErrorReason,
     InvalidArgument,
     SandboxDied,
-    SandboxFileError,
     SandboxNotFound,
 )
 from .._log import get_logger
 from .._models import SandboxInfo, SandboxStatus
+from .._shellfiles import ShellFiles, ShellProcess
 from .._util import single_error
 from ..abc import (
     Backend,
@@ -172,48 +171,6 @@ def _select_isolation(mode: IsolationMode, run_as: int | None, scratch_parent: s
         "commands on the host without isolation (unsafe for untrusted code).",
         retryable=False,
     )
-
-
-_STDERR_REASONS = (
-    ("No such file or directory", FileErrorReason.NOT_FOUND),
-    ("Is a directory", FileErrorReason.IS_A_DIRECTORY),
-    ("Not a directory", FileErrorReason.NOT_A_DIRECTORY),
-    ("File exists", FileErrorReason.NOT_A_DIRECTORY),  # mkdir -p over a file
-    ("Permission denied", FileErrorReason.PERMISSION),
-    ("Read-only file system", FileErrorReason.PERMISSION),
-    ("Operation not permitted", FileErrorReason.PERMISSION),
-    ("No space left on device", FileErrorReason.OTHER),
-)
-
-# Exit codes of the file scripts below, for checks a message cannot carry reliably.
-_EXIT_REASONS = {
-    21: FileErrorReason.IS_A_DIRECTORY,
-    22: FileErrorReason.NOT_FOUND,
-    23: FileErrorReason.TOO_LARGE,
-    24: FileErrorReason.NOT_A_DIRECTORY,
-}
-_READ = (
-    '[ -d "$1" ] && exit 21; [ -e "$1" ] || exit 22; '
-    's=$(stat -L -c %s -- "$1") || exit 1; [ "$s" -gt "$2" ] && exit 23; exec cat -- "$1"'
-)
-_WRITE = (
-    '[ -d "$1" ] && exit 21; d=$(dirname -- "$1"); '
-    'if [ ! -d "$d" ]; then mkdir -p -- "$d" || exit 24; fi; '
-    'cat > "$1" && chmod "$2" -- "$1"'
-)
-_PUT_ARCHIVE = 'mkdir -p -- "$1" && exec tar -x -f - -C "$1" --no-same-owner --no-overwrite-dir'
-_GET_ARCHIVE = (
-    '[ -e "$1" ] || { [ -L "$1" ] || exit 22; }; p=$(readlink -f -- "$1") || exit 22; '
-    'cd -- "$(dirname -- "$p")" && exec tar -c -f - -- "$(basename -- "$p")"'
-)
-
-
-def _file_error(path: str, returncode: int, stderr: bytes) -> SandboxFileError:
-    reason = _EXIT_REASONS.get(returncode)
-    text = stderr.decode(errors="replace").strip()
-    if reason is None:
-        reason = next((r for needle, r in _STDERR_REASONS if needle in text), FileErrorReason.OTHER)
-    return SandboxFileError(reason, path, text.splitlines()[-1] if text else None)
 
 
 class ProcessBackend(Backend):
@@ -417,7 +374,7 @@ class ProcessBackend(Backend):
             _rmtree(trash)
 
 
-class ProcessSandbox(SandboxHandle):
+class ProcessSandbox(ShellFiles, SandboxHandle):
     def __init__(
         self, backend: ProcessBackend, layout: Layout, meta: _Meta, cgroup: SandboxCgroup | None
     ) -> None:
@@ -518,105 +475,22 @@ class ProcessSandbox(SandboxHandle):
             self._check_alive()
         return ExitStatus(returncode=returncode, signal=9 if oom else None, oom_killed=oom)
 
-    async def _run_script(
-        self,
-        script: str,
-        args: tuple[str, ...],
-        *,
-        stdin: bytes | None = None,
-        limit: int | None = None,
-        path: str,
-    ) -> bytes:
-        """Run a file-operation script as the sandbox user; return stdout or raise."""
-        chunks: list[bytes] = []
-        size = 0
-        stderr = bytearray()
-
-        async def collect(stream: str, data: bytes) -> None:
-            nonlocal size
-            if stream == "stderr":
-                stderr.extend(data[: 4096 - len(stderr)])
-                return
-            size += len(data)
-            if limit is not None and size > limit:
-                raise SandboxFileError(FileErrorReason.TOO_LARGE, path, f"more than {limit} bytes")
-            chunks.append(data)
-
-        status = await self.exec(
-            ("/bin/sh", "-c", script, "sh", *args),
-            cwd="/",
-            env={"LC_ALL": "C"},
-            stdin=stdin,
-            on_output=collect,
-        )
-        if status.returncode != 0:
-            raise _file_error(path, status.returncode, bytes(stderr))
-        return b"".join(chunks)
-
-    async def read_file(self, path: str, *, max_bytes: int) -> bytes:
-        return await self._run_script(
-            _READ, (self._mapped(path), str(max_bytes)), limit=max_bytes, path=path
-        )
-
-    async def write_file(self, path: str, data: bytes, *, mode: int) -> None:
-        await self._run_script(
-            _WRITE, (self._mapped(path), format(mode, "o")), stdin=data, path=path
-        )
-
-    async def put_archive(self, path: str, archive: AsyncIterable[bytes]) -> None:
-        self._check_alive()
-        stderr = bytearray()
-        async with self._spawn(
-            ("/bin/sh", "-c", _PUT_ARCHIVE, "sh", self._mapped(path)),
-            cwd="/",
-            env={"LC_ALL": "C"},
-            stdin=True,
-        ) as process:
-            assert process.stdin is not None
-            assert process.stderr is not None
-            with single_error():
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(_drain, process.stderr, stderr)
-                    try:
-                        async for chunk in archive:
-                            await process.stdin.send(chunk)
-                    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                        pass  # tar stopped reading: its exit status says why
-                    finally:
-                        with contextlib.suppress(
-                            anyio.BrokenResourceError, anyio.ClosedResourceError
-                        ):
-                            await process.stdin.aclose()
-                    returncode = await process.wait()
-        if returncode != 0:
-            raise _file_error(path, returncode, bytes(stderr))
-
     @asynccontextmanager
-    async def get_archive(self, path: str) -> AsyncIterator[AsyncIterator[bytes]]:
-        stderr = bytearray()
-        async with self._spawn(
-            ("/bin/sh", "-c", _GET_ARCHIVE, "sh", self._mapped(path)),
-            cwd="/",
-            env={"LC_ALL": "C"},
-            stdin=False,
-        ) as process:
+    async def shell(
+        self, script: str, args: Sequence[str], *, stdin: bool
+    ) -> AsyncIterator[ShellProcess]:
+        argv = ("/bin/sh", "-c", script, "sh", *args)
+        async with self._spawn(argv, cwd="/", env={"LC_ALL": "C"}, stdin=stdin) as process:
             assert process.stdout is not None
             assert process.stderr is not None
+            stderr = bytearray()
             with single_error():
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_drain, process.stderr, stderr)
-                    # Read the first chunk before handing out the stream, so that errors
-                    # (no such file) are raised on entering the context.
-                    first = await _receive(process.stdout)
-                    if first is None:
-                        returncode = await process.wait()
-                        raise _file_error(path, returncode or 1, bytes(stderr))
-                    yield _Chunks(first, process.stdout)
-                    returncode = await process.wait()
-                    if returncode != 0:
-                        raise _file_error(path, returncode, bytes(stderr))
+                    yield _Script(process, stderr)
+                    tg.cancel_scope.cancel()
 
-    def _mapped(self, path: str) -> str:
+    def shell_path(self, path: str) -> str:
         if self._backend.isolation.name == "none":
             return self._layout.host_path(path)
         return path
@@ -667,22 +541,35 @@ async def _terminate(process: anyio.abc.Process) -> None:
     await process.aclose()
 
 
-class _Chunks:
-    def __init__(self, first: bytes, stream: ByteReceiveStream) -> None:
-        self._first: bytes | None = first
-        self._stream = stream
+class _Script:
+    """A file-operation script (:class:`ShellProcess`) over an anyio process."""
 
-    def __aiter__(self) -> _Chunks:
+    def __init__(self, process: anyio.abc.Process, stderr: bytearray) -> None:
+        self._process = process
+        self._stderr = stderr
+
+    async def send(self, data: bytes) -> None:
+        assert self._process.stdin is not None
+        await self._process.stdin.send(data)
+
+    async def close_stdin(self) -> None:
+        if self._process.stdin is not None:
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await self._process.stdin.aclose()
+
+    def __aiter__(self) -> _Script:
         return self
 
     async def __anext__(self) -> bytes:
-        if self._first is not None:
-            first, self._first = self._first, None
-            return first
-        chunk = await _receive(self._stream)
+        assert self._process.stdout is not None
+        chunk = await _receive(self._process.stdout)
         if chunk is None:
             raise StopAsyncIteration
         return chunk
+
+    async def wait(self) -> tuple[int, bytes]:
+        returncode = await self._process.wait()
+        return returncode, bytes(self._stderr)
 
 
 async def _receive(stream: ByteReceiveStream) -> bytes | None:

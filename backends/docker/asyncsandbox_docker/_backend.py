@@ -9,7 +9,7 @@ import tarfile
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from importlib.resources import files
 from typing import Any, Literal, Self
@@ -39,10 +39,13 @@ from asyncsandbox.abc import (
     OutputCallback,
     SandboxHandle,
     SandboxSpec,
+    ShellFiles,
+    ShellProcess,
 )
 
 from . import _tar
 from ._engine import Engine
+from ._executor import Executor, ShellJob
 
 __all__ = ("DockerAttributes", "DockerBackend")
 
@@ -97,7 +100,11 @@ class DockerBackend(Backend):
     :param pull: ``"missing"`` pulls images not present locally; ``"never"`` refuses.
     :param call_deadline: seconds any single Engine API call may take; a container whose
         calls exceed it is reported lost (:class:`SandboxDied`) and left to the sweep.
-    :param max_connections: size of the connection pool to the daemon.
+    :param max_connections: size of the connection pool to the daemon (each sandbox's
+        executor holds one connection).
+    :param fast_path: run commands and file operations through a resident executor in each
+        sandbox (one ``docker exec`` per sandbox, then no daemon work per command); when
+        off, or when the executor cannot run, every command is an Engine API exec.
 
     Runs on asyncio only (aiodocker is asyncio-based).
     """
@@ -112,13 +119,15 @@ class DockerBackend(Backend):
         user: Literal["sandbox", "root"] = "sandbox",
         pull: Literal["missing", "never"] = "missing",
         call_deadline: float = 30.0,
-        max_connections: int = 1024,
+        max_connections: int = 4096,
+        fast_path: bool = True,
     ) -> None:
         if user not in ("sandbox", "root"):
             raise InvalidArgument(f"user must be 'sandbox' or 'root', got {user!r}")
         if pull not in ("missing", "never"):
             raise InvalidArgument(f"pull must be 'missing' or 'never', got {pull!r}")
         self.default_image = default_image
+        self.fast_path = fast_path
         self.user = user
         self.pull = pull
         self.engine = Engine(url, call_deadline=call_deadline, max_connections=max_connections)
@@ -131,7 +140,7 @@ class DockerBackend(Backend):
             isolation="Docker containers (namespaces, cgroups, no capabilities beyond process management)",
             enforced_limits=frozenset({"cpus", "memory_mb", "pids"}),
             network_modes=frozenset({"none", "host"}),
-            reports_signal=False,
+            reports_signal=fast_path,
         )
 
     @property
@@ -253,17 +262,45 @@ class DockerBackend(Backend):
             host_config["PidsLimit"] = resources.pids
         if resources.cpus is not None:
             host_config["NanoCpus"] = int(resources.cpus * 1e9)
+        gid = SANDBOX_UID if self.uid >= 0 else -1
+        fast = self.fast_path and self._task_group is not None
+        if fast:
+            # The executor is the main process: it ends the container at its max lifetime,
+            # or when our attached stdin closes (StdinOnce), i.e. when its owner died.
+            seconds = str(1e9 if spec.max_lifetime is None else spec.max_lifetime)
+            entrypoint = ["python3"]
+            command = [
+                "-I",
+                "-S",
+                "-u",
+                "-c",
+                AGENT,
+                "serve",
+                str(self.uid),
+                str(gid),
+                spec.workdir,
+                home,
+                seconds,
+            ]
+        else:
+            entrypoint, command = ["sleep"], [lifetime]
         config = {
             "Image": image,
-            "Entrypoint": ["sleep"],
-            "Cmd": [lifetime],
+            "Entrypoint": entrypoint,
+            "Cmd": command,
             "Env": [f"HOME={home}", "LANG=C.UTF-8", *(f"{k}={v}" for k, v in spec.env.items())],
             "WorkingDir": spec.workdir,
-            "User": "0:0",  # the idle main process; commands run as the sandbox user
+            "User": "0:0",  # the main process; commands run as the sandbox user
             "Labels": dict(spec.labels),
             "StopTimeout": 1,
+            "OpenStdin": fast,
+            "StdinOnce": fast,
+            "AttachStdin": fast,
+            "AttachStdout": fast,
+            "AttachStderr": fast,
             "HostConfig": host_config,
         }
+        executor = Executor(self.engine, name) if fast else None
         try:
             # Shielded (bounded by the call deadline): a create cancelled in flight may still
             # happen in the daemon after our cleanup looked for it. Wait for the answer.
@@ -272,19 +309,26 @@ class DockerBackend(Backend):
                     "POST", "containers/create", params={"name": name}, body=config
                 )
             await anyio.lowlevel.checkpoint()  # a cancellation that came meanwhile lands here
-            if self.user == "sandbox":
+            if executor is not None:
+                assert self._task_group is not None
+                await self._task_group.start(executor.run, name=f"executor {name}")
+            elif self.user == "sandbox":
                 # Before start: the first command must find its workdir and home writable.
                 dirs = _tar.directories(
                     [spec.workdir.lstrip("/"), home.lstrip("/")], uid=SANDBOX_UID, gid=SANDBOX_UID
                 )
                 await self._put(name, "/", dirs)
             await self.engine.call("POST", f"containers/{name}/start", sandbox_id=name)
+            if executor is not None and not await executor.wait_ready():
+                raise _executor_error(image, executor.failure)
         except BaseException:
             # Shielded: a failed or cancelled create must not leave a container behind.
             with anyio.CancelScope(shield=True):
+                if executor is not None:
+                    await executor.aclose()
                 await self._force_remove(name)
             raise
-        return DockerSandbox(self, name, image, spec.labels)
+        return DockerSandbox(self, name, image, spec.labels, executor)
 
     async def _put(self, name: str, path: str, body: bytes | AsyncIterable[bytes]) -> None:
         if isinstance(body, bytes):
@@ -345,6 +389,16 @@ def _info(
     )
 
 
+def _executor_error(image: str, failure: str | None) -> SandboxError:
+    text = failure or "no answer"
+    if "python3" in text and ("No such file" in text or "not found" in text):
+        return InvalidArgument(
+            f"image {image!r} has no python3, which the docker backend needs in the image "
+            f"(to control process trees): {text}"
+        )
+    return BackendUnavailable(f"the sandbox's executor did not start: {text}", retryable=False)
+
+
 def _pull_error(image: str, message: str) -> SandboxError:
     lowered = message.lower()
     if any(
@@ -355,10 +409,17 @@ def _pull_error(image: str, message: str) -> SandboxError:
     return BackendUnavailable(f"pulling image {image!r} failed: {message}", retryable=True)
 
 
-class DockerSandbox(SandboxHandle):
+class DockerSandbox(ShellFiles, SandboxHandle):
     def __init__(
-        self, backend: DockerBackend, name: str, image: str, labels: Mapping[str, str]
+        self,
+        backend: DockerBackend,
+        name: str,
+        image: str,
+        labels: Mapping[str, str],
+        executor: Executor | None = None,
     ) -> None:
+        self._executor = executor
+        self._has_tar: bool | None = None
         self._backend = backend
         self._engine = backend.engine
         self._name = name
@@ -385,7 +446,9 @@ class DockerSandbox(SandboxHandle):
         """Turn "not running" into why: killed for memory, lifetime over, removed."""
         if isinstance(error, SandboxNotFound):
             return SandboxDied(self._name, "removed")
-        if not isinstance(error, SandboxDied) or error.reason.startswith("lost"):
+        if isinstance(error, SandboxDied) and error.reason.startswith("lost"):
+            return error
+        if not isinstance(error, SandboxDied | BackendUnavailable):
             return error
         try:
             data = await self._engine.call(
@@ -396,6 +459,8 @@ class DockerSandbox(SandboxHandle):
         except SandboxError:
             return error
         state = data.get("State", {})
+        if state.get("Running"):
+            return error  # the sandbox lives: the error was the connection's
         if state.get("OOMKilled"):
             return SandboxOOMKilled(self._name, "the container exceeded its memory limit")
         if time.time() >= self._expires - 1:
@@ -434,6 +499,56 @@ class DockerSandbox(SandboxHandle):
         on_output: OutputCallback,
     ) -> ExitStatus:
         self._check()
+        if await self._fast():
+            assert self._executor is not None
+            oom_before = self._backend._ooms[self._name]
+            try:
+                status, oom = await self._executor.exec(
+                    argv, cwd=cwd, env=env, stdin=stdin, on_output=on_output
+                )
+            except SandboxDied as exc:
+                self._lost = exc
+                raise
+            except BackendUnavailable as exc:
+                raise await self._died(exc) from exc
+            if status.signal == 9 and not oom:  # the executor could not read the cgroup
+                oom = await self._backend._oom_after(self._name, oom_before)
+            return ExitStatus(returncode=status.returncode, signal=status.signal, oom_killed=oom)
+        return await self._api_exec(argv, cwd=cwd, env=env, stdin=stdin, on_output=on_output)
+
+    async def _fast(self) -> bool:
+        """Whether the executor serves this sandbox (waiting for it to be ready)."""
+        return self._executor is not None and await self._executor.wait_ready()
+
+    @asynccontextmanager
+    async def shell(
+        self, script: str, args: Sequence[str], *, stdin: bool
+    ) -> AsyncIterator[ShellProcess]:
+        assert self._executor is not None
+        argv = ("/bin/sh", "-c", script, "sh", *args)
+        try:
+            async with self._executor.open(argv, cwd="/", env={"LC_ALL": "C"}, stdin=stdin) as job:
+                yield ShellJob(job)
+        except BackendUnavailable as exc:
+            raise await self._died(exc) from exc
+
+    async def _tar_ok(self) -> bool:
+        """Whether the image has ``tar`` (directory transfers through the executor need it)."""
+        if self._has_tar is None:
+            async with self.shell("command -v tar >/dev/null", (), stdin=False) as script:
+                returncode, _ = await script.wait()
+            self._has_tar = returncode == 0
+        return self._has_tar
+
+    async def _api_exec(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        on_output: OutputCallback,
+    ) -> ExitStatus:
         backend = self._backend
         token = uuid.uuid4().hex
         data = stdin or b""
@@ -565,6 +680,8 @@ class DockerSandbox(SandboxHandle):
 
     async def read_file(self, path: str, *, max_bytes: int) -> bytes:
         self._check()
+        if await self._fast():
+            return await ShellFiles.read_file(self, path, max_bytes=max_bytes)
         target, stat = await self._file_call(self._stat(path))
         if int(stat.get("mode", 0)) & MODE_DIR:
             raise SandboxFileError(FileErrorReason.IS_A_DIRECTORY, path)
@@ -620,6 +737,8 @@ class DockerSandbox(SandboxHandle):
 
     async def write_file(self, path: str, data: bytes, *, mode: int) -> None:
         self._check()
+        if await self._fast():
+            return await ShellFiles.write_file(self, path, data, mode=mode)
         parent, name = posixpath.split(path)
         uid = max(self._backend.uid, 0)
 
@@ -636,6 +755,8 @@ class DockerSandbox(SandboxHandle):
 
     async def put_archive(self, path: str, archive: AsyncIterable[bytes]) -> None:
         self._check()
+        if await self._fast() and await self._tar_ok():
+            return await ShellFiles.put_archive(self, path, archive)
         await self._file_call(self._mkdirs(path))
         uid = max(self._backend.uid, 0)
         await self._file_call(
@@ -645,6 +766,10 @@ class DockerSandbox(SandboxHandle):
     @asynccontextmanager
     async def get_archive(self, path: str) -> AsyncIterator[AsyncIterator[bytes]]:
         self._check()
+        if await self._fast() and await self._tar_ok():
+            async with ShellFiles.get_archive(self, path) as chunks:
+                yield chunks
+            return
         target, _ = await self._file_call(self._stat(path))
         async with self._engine.raw(
             "GET",
@@ -669,6 +794,8 @@ class DockerSandbox(SandboxHandle):
         )
 
     async def remove(self) -> None:
+        if self._executor is not None:
+            await self._executor.aclose()
         if self._lost is not None:
             # It stopped answering: another call would hang too. The sweep will retry.
             log().warning(

@@ -20,6 +20,7 @@ import aiohttp
 import anyio
 from aiodocker.execs import Exec
 from aiodocker.stream import Stream
+from yarl import URL
 
 from asyncsandbox import (
     BackendUnavailable,
@@ -198,6 +199,15 @@ class Engine:
         except SandboxNotFound:
             return False
         return True
+
+    def attach_stream(self, container: str) -> Stream:
+        """The hijacked stdio of a container (``POST /containers/{id}/attach``)."""
+
+        async def setup() -> tuple[URL, bytes | None, bool]:
+            query = {"stream": "1", "stdin": "1", "stdout": "1", "stderr": "1", "logs": "0"}
+            return URL(f"containers/{container}/attach").with_query(query), None, False
+
+        return Stream(self.docker, setup, None)
 
     def exec_stream(self, exec_id: str) -> Stream:
         """The hijacked stream of a created exec (``POST /exec/{id}/start``)."""
