@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 import sys
 from collections import deque
@@ -25,14 +24,10 @@ class MetricsReporter(Protocol):
 
 
 def _wandb_run() -> Any:
-    """The active W&B run, if wandb is installed and a run was started (wandb is optional)."""
+    """The active W&B run, if any. A run exists only if the program imported wandb, so
+    this never imports it (which would also fail during interpreter shutdown)."""
     module = sys.modules.get("wandb")
-    if module is None:
-        try:
-            module = importlib.import_module("wandb")
-        except ImportError:
-            return None
-    return getattr(module, "run", None)
+    return None if module is None else getattr(module, "run", None)
 
 
 def wandb_reporter(metrics: Mapping[str, float], step: int | None) -> None:

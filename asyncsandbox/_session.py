@@ -136,6 +136,7 @@ class Session:
         self._stack: AsyncExitStack | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
         self._sandboxes: set[Sandbox] = set()
+        self._creating: set[anyio.CancelScope] = set()
         timeout, waited = self.limits.capacity_timeout, self._metrics.waited
         self._live = Limiter("live", self.limits.max_live, capacity_timeout=timeout, on_wait=waited)
         self._lifecycle = Limiter(
@@ -220,6 +221,10 @@ class Session:
             return
         self._state = _CLOSING
         errors: list[BaseException] = []
+        # Starts still waiting (for capacity, or on the backend) give up: none may create a
+        # sandbox once the removals below have begun.
+        for scope in list(self._creating):
+            scope.cancel()
         if self._task_group is not None:
             # Not shielded, but nothing to wait for beyond the cancelled operations' own
             # (shielded, bounded) cleanup. It must exit outside any scope opened after it.
@@ -442,17 +447,32 @@ class Session:
             ),
             max_lifetime=config.max_lifetime,
         )
-        await self._live.acquire()
-        try:
-            async with self._lifecycle.slot():
-                started = anyio.current_time()
-                handle = await self._operation(
-                    "create", lambda: backend.create(spec), timeout=self.timeouts.create
-                )
-        except BaseException:
-            self._live.release()
-            self._counts["start_failures"] += 1
-            raise
+        handle: SandboxHandle | None = None
+        with anyio.CancelScope() as scope:
+            self._creating.add(scope)
+            try:
+                await self._live.acquire()
+                try:
+                    async with self._lifecycle.slot():
+                        self._check_open()  # the session may have closed while we waited
+                        started = anyio.current_time()
+                        handle = await self._operation(
+                            "create", lambda: backend.create(spec), timeout=self.timeouts.create
+                        )
+                except BaseException:
+                    self._live.release()
+                    self._counts["start_failures"] += 1
+                    raise
+            finally:
+                self._creating.discard(scope)
+        if handle is None:
+            raise SandboxClosed("the session closed while the sandbox was starting")
+        if self._state != _OPEN:
+            # Created just as the session began closing, maybe after it listed what to
+            # remove: remove it here (shielded: it must not outlive the session).
+            with anyio.CancelScope(shield=True):
+                await self._remove(sandbox, handle)
+            raise SandboxClosed("the session closed while the sandbox was starting")
         sandbox.startup_seconds = anyio.current_time() - started
         self._metrics.started(sandbox.startup_seconds)
         self._sandboxes.add(sandbox)

@@ -366,9 +366,13 @@ def test_unknown_and_missing_backends_say_what_to_do() -> None:
         Session(limits=SandboxDefaults())  # type: ignore[arg-type]
 
 
-async def test_backend_that_is_not_installed() -> None:
-    with pytest.raises(BackendNotFound, match=r"pip install 'asyncsandbox\[remote\]'"):
-        async with Session("remote"):
+async def test_backend_that_is_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A built-in name whose distribution is missing says what to install."""
+    builtin = dict(asyncsandbox._registry._BUILTIN)
+    builtin["ghost"] = ("asyncsandbox_ghost:GhostBackend", "asyncsandbox[ghost]")
+    monkeypatch.setattr(asyncsandbox._registry, "_BUILTIN", builtin)
+    with pytest.raises(BackendNotFound, match=r"pip install 'asyncsandbox\[ghost\]'"):
+        async with Session("ghost"):
             pass
 
 
@@ -567,3 +571,26 @@ async def test_delete_requires_a_selector() -> None:
             await s.delete(ids="abc")
         with pytest.raises(InvalidArgument, match="status"):
             await s.list(status="sleeping")
+
+
+async def test_a_start_waiting_for_capacity_does_not_outlive_the_session() -> None:
+    """A start still queued for a slot when the session closes must not create a sandbox
+    afterwards (it would never be removed)."""
+    fake = FakeBackend()
+    outcome: list[BaseException] = []
+    s = session(fake, limits=Limits(max_live=1))
+    async with anyio.create_task_group() as tg:
+        async with s:
+            await s.sandbox().start()
+            waiting = s.sandbox()
+
+            async def start() -> None:
+                try:
+                    await waiting.start()
+                except SandboxClosed as exc:
+                    outcome.append(exc)
+
+            tg.start_soon(start)
+            await anyio.sleep(0.05)
+    assert len(outcome) == 1
+    assert fake.world.live == 0

@@ -1,0 +1,645 @@
+"""A blocking facade over the async API, for code that cannot be async (TRL reward
+functions, scripts, thread pools)::
+
+    from asyncsandbox.sync import SyncSession
+
+    session = SyncSession()  # at module level is fine: it starts on first use
+
+    def reward_fn(completions: list[str], **kwargs: object) -> list[float]:
+        # Launch everything first, then collect: the commands run in parallel, each in a
+        # fresh sandbox that is removed when its command ends.
+        handles = [session.run(["python3", "-c", code], timeout=30) for code in completions]
+        return [1.0 if h.result().returncode == 0 else 0.0 for h in handles]
+
+(``session.sandbox().exec(...)`` works too, but that sandbox lives until ``stop()`` or the
+session's close: in a reward function called at every training step, prefer ``run``.)
+
+How it works: a :class:`SyncSession` runs one event loop in a background thread (an anyio
+blocking portal, on asyncio or trio) and drives a real :class:`asyncsandbox.Session` in it.
+Every method is the async API's own method, run in that loop: limits, timeouts, errors and
+cleanup are exactly those of the async API, with no second implementation.
+
+Methods of a sandbox return a :class:`Handle` at once (a future: ``result()``, ``done()``,
+``cancel()``), so sync code can launch hundreds of commands and collect them later with
+:func:`wait` or :func:`as_completed`. Handles raise the async API's exceptions
+(:class:`~asyncsandbox.ExecTimeout`, :class:`~asyncsandbox.SandboxFileError`, ...).
+
+Everything here is thread-safe: many threads may share one SyncSession.
+
+Nothing here may be called from a thread that runs an event loop (inside ``async def``
+code): that raises :class:`RunningEventLoopError` at once, instead of blocking the loop or
+deadlocking. In async code, use :class:`asyncsandbox.Session` directly; so in Jupyter,
+whose cells run inside an event loop, use the async API with top-level ``await``.
+Handles may be passed to a worker thread (``anyio.to_thread.run_sync(handle.result)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import concurrent.futures
+import functools
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
+from os import PathLike
+from types import TracebackType
+from typing import Any, Generic, Literal, Self, TypeVar, final
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from . import _validate as check
+from ._config import SandboxDefaults
+from ._errors import InvalidArgument, OperationCancelled, SandboxClosed, SandboxError
+from ._models import ExecResult, SandboxInfo, SandboxStatus
+from ._sandbox import DEFAULT_READ_LIMIT, Sandbox
+from ._session import Session, SessionStatistics
+from .abc import Backend
+
+__all__ = (
+    "SyncSession",
+    "SyncSandbox",
+    "Handle",
+    "wait",
+    "as_completed",
+    "RunningEventLoopError",
+)
+
+T = TypeVar("T")
+
+_NEW, _OPEN, _CLOSED = "new", "open", "closed"
+_HINT = "use asyncsandbox.Session directly in async code"
+
+
+class RunningEventLoopError(SandboxError, RuntimeError):
+    """A blocking call of :mod:`asyncsandbox.sync` was made from a thread that runs an event
+    loop (asyncio or trio). It would block that loop, or deadlock; use
+    :class:`asyncsandbox.Session` directly in async code (or call the sync API from a worker
+    thread, e.g. ``anyio.to_thread.run_sync``)."""
+
+
+def _running_event_loop() -> str | None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        return "asyncio"
+    trio = sys.modules.get("trio")  # never import trio just to find out it is not running
+    if trio is not None:
+        try:
+            trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            pass
+        else:
+            return "trio"
+    return None
+
+
+def _check_blocking_allowed(what: str) -> None:
+    library = _running_event_loop()
+    if library is not None:
+        raise RunningEventLoopError(
+            f"{what} would block this thread, which runs an event loop ({library}); {_HINT}"
+        )
+
+
+class _Runtime:
+    """The event loop thread and the open Session.
+
+    It must never reference the SyncSession: the SyncSession's finalizer holds it, and would
+    otherwise keep the SyncSession alive forever.
+    """
+
+    def __init__(self, session: Session, async_library: str) -> None:
+        self.session = session
+        self.async_library = async_library
+        # Never held while waiting for the event loop thread, except in _open() before any
+        # task exists: done-callbacks take it in that thread, so this cannot deadlock.
+        self.lock = threading.Lock()
+        self.state = _NEW
+        self.pid = os.getpid()
+        self.portal: BlockingPortal | None = None
+        self.portal_cm: AbstractContextManager[BlockingPortal] | None = None
+        self.session_cm: AbstractContextManager[Session] | None = None
+        self.futures: set[Future[Any]] = set()
+
+    def get_portal(self, what: str) -> BlockingPortal:
+        _check_blocking_allowed(what)
+        portal = self.portal
+        if self.state == _OPEN and portal is not None and self.pid == os.getpid():
+            return portal
+        with self.lock:
+            if self.state == _CLOSED:
+                raise SandboxClosed("the session is closed")
+            if self.pid != os.getpid():
+                raise SandboxClosed(
+                    "this SyncSession was opened in another process (before a fork); "
+                    "create a SyncSession in each process"
+                )
+            if self.state == _NEW:
+                self._open()
+            assert self.portal is not None
+            return self.portal
+
+    def _open(self) -> None:
+        portal_cm = start_blocking_portal(self.async_library)
+        portal = portal_cm.__enter__()
+        # The Session is entered and exited by one task of the portal (its task group must
+        # be), which waits in between: wrap_async_context_manager does exactly that.
+        session_cm = portal.wrap_async_context_manager(self.session)
+        try:
+            session_cm.__enter__()
+        except BaseException as exc:
+            self.state = _CLOSED  # a Session opens only once
+            # With the exception, the portal cancels its tasks instead of waiting for them:
+            # after a KeyboardInterrupt, the Session's task may still be opening it.
+            portal_cm.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        self.portal, self.portal_cm, self.session_cm = portal, portal_cm, session_cm
+        self.pid = os.getpid()
+        self.state = _OPEN
+
+    def call(self, what: str, func: Callable[[], Awaitable[T]]) -> T:
+        portal = self.get_portal(what)
+        try:
+            return portal.call(func)
+        except RuntimeError as exc:
+            if self.state == _CLOSED:  # closed by another thread since get_portal()
+                raise SandboxClosed("the session is closed") from exc
+            raise
+
+    def launch(self, what: str, func: Callable[[], Awaitable[T]]) -> Future[T]:
+        portal = self.get_portal(f"{what}()")
+        try:
+            future = portal.start_task_soon(func, name=f"asyncsandbox.sync:{what}")
+        except RuntimeError as exc:
+            if self.state == _CLOSED:
+                raise SandboxClosed("the session is closed") from exc
+            raise
+        with self.lock:
+            closed = self.state == _CLOSED
+            if not closed:
+                self.futures.add(future)
+        if closed:
+            future.cancel()  # close() took its list of tasks to cancel before this one
+        else:
+            future.add_done_callback(self._forget)
+        return future
+
+    def _forget(self, future: Future[Any]) -> None:
+        with self.lock:
+            self.futures.discard(future)
+
+    def close(self) -> None:
+        with self.lock:
+            state, self.state = self.state, _CLOSED
+            futures, self.futures = self.futures, set()
+        if state != _OPEN or self.pid != os.getpid():
+            return  # never opened, already closed, or a forked child (the loop is not ours)
+        assert self.portal_cm is not None
+        assert self.session_cm is not None
+        # Cancel first, like Session.aclose() does with its operations: a launched start
+        # still waiting for capacity would otherwise create a sandbox after the close.
+        for future in futures:
+            future.cancel()
+        try:
+            self.session_cm.__exit__(None, None, None)
+        finally:
+            # Waits for the cancelled tasks' own (shielded, bounded) cleanup, then for the
+            # event loop thread to end.
+            self.portal_cm.__exit__(None, None, None)
+
+
+@final
+class Handle(Generic[T]):
+    """A running operation of a :class:`SyncSession`: a future for its result.
+
+    Returned at once by every :class:`SyncSandbox` method and :meth:`SyncSession.run`.
+    Consume many with :func:`wait` or :func:`as_completed`.
+
+    ``result()`` and ``exception()`` raise :class:`RunningEventLoopError` when called from
+    a thread that runs an event loop (even when the handle is done).
+    """
+
+    __slots__ = ("_future", "_owner", "name")
+
+    def __init__(self, future: Future[T], name: str, owner: object) -> None:
+        self._future = future
+        self._owner = owner  # keeps the SyncSession (and its sandboxes) alive while pending
+        self.name = name
+        """What is running, for messages (``exec``, ``read_file``, ...)."""
+
+    def result(self, timeout: float | None = None) -> T:
+        """Wait until done, then return the value or raise the operation's error: the same
+        exception the async API raises (:class:`~asyncsandbox.ExecTimeout`, ...), or
+        :class:`~asyncsandbox.OperationCancelled` if the handle was cancelled.
+
+        Blocks. Past ``timeout`` seconds, raises the builtin :class:`TimeoutError` and the
+        operation keeps running (an :class:`~asyncsandbox.ExecTimeout`, also a
+        ``TimeoutError``, means instead that the *command* ran out of time).
+        """
+        _check_blocking_allowed("Handle.result()")
+        limit = check.seconds("timeout", timeout)
+        try:
+            return self._future.result(limit)
+        except concurrent.futures.CancelledError:
+            raise OperationCancelled(self.name) from None
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait until done, then return the operation's error (``None`` if it succeeded;
+        :class:`~asyncsandbox.OperationCancelled` if cancelled). Blocks; ``timeout`` as for
+        :meth:`result`."""
+        _check_blocking_allowed("Handle.exception()")
+        limit = check.seconds("timeout", timeout)
+        try:
+            return self._future.exception(limit)
+        except concurrent.futures.CancelledError:
+            return OperationCancelled(self.name)
+
+    def done(self) -> bool:
+        """True once it finished: with a value, an error, or cancelled. Never blocks."""
+        return self._future.done()
+
+    def cancelled(self) -> bool:
+        """True if it was cancelled. Never blocks."""
+        return self._future.cancelled()
+
+    def cancel(self) -> bool:
+        """Cancel the operation; return False if it had already finished.
+
+        Cancellation: cancels the task running the operation in the event loop, as
+        cancelling an ``await`` would: a running command is killed (its whole process tree)
+        and a sandbox being started is undone. Returns at once; that cleanup finishes in the
+        background (``SyncSession.close()`` waits for it). The handle is done immediately.
+        """
+        return self._future.cancel()
+
+    def __repr__(self) -> str:
+        f = self._future
+        if not f.done():
+            state = "pending"
+        elif f.cancelled():
+            state = "cancelled"
+        else:
+            state = "failed" if f.exception() is not None else "done"
+        return f"<Handle {self.name} {state}>"
+
+
+@final
+class SyncSandbox:
+    """A sandbox of a :class:`SyncSession`: the methods of :class:`asyncsandbox.Sandbox`,
+    each returning a :class:`Handle` at once instead of a coroutine.
+
+    Get one from :meth:`SyncSession.sandbox`. It starts on first use (or :meth:`start`) and
+    is removed by :meth:`stop`, at the latest when its session closes. As a context
+    manager, it is started on enter and removed on exit (both blocking)::
+
+        with session.sandbox() as sb:
+            sb.write_file("main.py", code).result()
+            print(sb.exec(["python3", "main.py"], timeout=10).result().stdout_text)
+    """
+
+    def __init__(self, owner: SyncSession, sandbox: Sandbox) -> None:
+        self._owner = owner
+        self._sandbox = sandbox
+
+    @property
+    def id(self) -> str | None:
+        """The backend's id, once started."""
+        return self._sandbox.id
+
+    @property
+    def state(self) -> str:
+        """``new``, ``starting``, ``running``, ``stopping`` or ``closed``."""
+        return self._sandbox.state
+
+    @property
+    def config(self) -> SandboxDefaults:
+        """The effective settings of this sandbox (the session defaults plus overrides)."""
+        return self._sandbox.config
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """The sandbox's tags."""
+        return self._sandbox.tags
+
+    def _launch(self, what: str, func: Callable[[], Awaitable[T]]) -> Handle[T]:
+        return self._owner._launch(what, func)
+
+    def start(self) -> Handle[SyncSandbox]:
+        """Create and start the sandbox (see :meth:`asyncsandbox.Sandbox.start`)."""
+
+        async def start() -> SyncSandbox:
+            await self._sandbox.start()
+            return self
+
+        return self._launch("start", start)
+
+    def stop(self) -> Handle[None]:
+        """Remove the sandbox (see :meth:`asyncsandbox.Sandbox.stop`). Returns at once; the
+        removal runs in the background (wait for it with ``.result()`` if needed).
+
+        Cancellation: the removal is shielded: cancelling the handle does not stop it.
+        """
+        return self._launch("stop", self._sandbox.stop)
+
+    def exec(
+        self,
+        argv: list[str] | tuple[str, ...],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+        max_output_bytes: int | None = None,
+    ) -> Handle[ExecResult]:
+        """Run ``argv`` (no shell) and return a handle for its
+        :class:`~asyncsandbox.ExecResult`; arguments as for
+        :meth:`asyncsandbox.Sandbox.exec`. ``.result()`` raises
+        :class:`~asyncsandbox.ExecTimeout` when the command ran past ``timeout``.
+
+        Cancellation: cancelling the handle kills the command (its whole process tree).
+        """
+        call = functools.partial(
+            self._sandbox.exec,
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            timeout=timeout,
+            check=check,
+            max_output_bytes=max_output_bytes,
+        )
+        return self._launch("exec", call)
+
+    def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_LIMIT) -> Handle[bytes]:
+        """The content of a file (see :meth:`asyncsandbox.Sandbox.read_file`)."""
+        return self._launch(
+            "read_file", functools.partial(self._sandbox.read_file, path, max_bytes=max_bytes)
+        )
+
+    def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> Handle[None]:
+        """Create or replace a file (see :meth:`asyncsandbox.Sandbox.write_file`)."""
+        return self._launch(
+            "write_file", functools.partial(self._sandbox.write_file, path, data, mode=mode)
+        )
+
+    def upload(self, local: str | PathLike[str], remote: str) -> Handle[None]:
+        """Copy a local file or directory in (see :meth:`asyncsandbox.Sandbox.upload`)."""
+        return self._launch("upload", functools.partial(self._sandbox.upload, local, remote))
+
+    def download(
+        self, remote: str, local: str | PathLike[str], *, max_bytes: int | None = None
+    ) -> Handle[None]:
+        """Copy a file or directory out (see :meth:`asyncsandbox.Sandbox.download`)."""
+        return self._launch(
+            "download",
+            functools.partial(self._sandbox.download, remote, local, max_bytes=max_bytes),
+        )
+
+    def info(self) -> Handle[SandboxInfo]:
+        """The backend's description of this sandbox (see :meth:`asyncsandbox.Sandbox.info`)."""
+        return self._launch("info", self._sandbox.info)
+
+    def __enter__(self) -> Self:
+        self.start().result()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        self.stop().result()
+
+    def __repr__(self) -> str:
+        return f"<SyncSandbox {self.id or '(not started)'} {self.state}>"
+
+
+@final
+class SyncSession:
+    """A blocking :class:`asyncsandbox.Session`, usable from any number of threads.
+
+    :param backend: as for :class:`asyncsandbox.Session`.
+    :param async_library: the event loop run in the background thread: ``"asyncio"``
+        (default) or ``"trio"``.
+    :param session_kwargs: the other keyword arguments of :class:`asyncsandbox.Session`
+        (``backend_options``, ``defaults``, ``limits``, ``timeouts``, ``retries``,
+        ``sweep``); checked here.
+
+    Creating it is cheap and starts nothing: the event loop thread and the Session start
+    on first use, so a module-level ``session = SyncSession()`` is fine. Use it as a
+    context manager, or call :meth:`close`. One left open is closed when it is garbage
+    collected, and at interpreter exit, so its sandboxes are removed.
+    """
+
+    def __init__(
+        self,
+        backend: str | Backend = "process",
+        *,
+        async_library: Literal["asyncio", "trio"] = "asyncio",
+        **session_kwargs: Any,
+    ) -> None:
+        check.choice("async_library", async_library, ("asyncio", "trio"))
+        self._session = Session(backend, **session_kwargs)
+        self._runtime = _Runtime(self._session, async_library)
+        # A weakref-based atexit hook: runs at interpreter exit, or when this object is
+        # collected, whichever comes first, and at most once (close() runs it early).
+        self._finalizer = weakref.finalize(self, self._runtime.close)
+
+    @property
+    def id(self) -> str:
+        """Identifies the underlying Session; its sandboxes carry it as a label."""
+        return self._session.id
+
+    @property
+    def closed(self) -> bool:
+        """True once closed (explicitly, by garbage collection, or at exit)."""
+        return self._runtime.state == _CLOSED
+
+    def _launch(self, what: str, func: Callable[[], Awaitable[T]]) -> Handle[T]:
+        return Handle(self._runtime.launch(what, func), what, self)
+
+    def open(self) -> Self:
+        """Start the event loop thread and open the Session now (done on first use
+        otherwise). Blocks. Raises :class:`~asyncsandbox.SandboxClosed` once closed."""
+        self._runtime.get_portal("SyncSession.open()")
+        return self
+
+    def sandbox(self, **overrides: Any) -> SyncSandbox:
+        """A new, not yet started sandbox (see :meth:`asyncsandbox.Session.sandbox`).
+
+        Returns promptly (it opens the session on first use); the sandbox starts on its
+        first use, in the background.
+        """
+
+        async def create() -> Sandbox:  # in the event loop thread, like every Sandbox call
+            return self._session.sandbox(**overrides)
+
+        return SyncSandbox(self, self._runtime.call("SyncSession.sandbox()", create))
+
+    def run(
+        self,
+        argv: list[str] | tuple[str, ...],
+        *,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+        env: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> Handle[ExecResult]:
+        """Run one command in a fresh sandbox that is removed afterwards; return a handle
+        at once (see :meth:`asyncsandbox.Session.run`).
+
+        Cancellation: cancelling the handle kills the command and removes the sandbox.
+        """
+        call = functools.partial(
+            self._session.run, argv, stdin=stdin, timeout=timeout, check=check, env=env, **overrides
+        )
+        return self._launch("run", call)
+
+    def list(
+        self,
+        *,
+        tags: Iterable[str] = (),
+        status: SandboxStatus | str | Iterable[SandboxStatus | str] | None = None,
+        this_session: bool = False,
+    ) -> builtins.list[SandboxInfo]:
+        """Sandboxes of the backend (see :meth:`asyncsandbox.Session.list`). Blocks."""
+        call = functools.partial(
+            self._session.list, tags=tags, status=status, this_session=this_session
+        )
+        return self._runtime.call("SyncSession.list()", call)
+
+    def delete(
+        self,
+        *,
+        tags: Iterable[str] = (),
+        ids: Iterable[str] = (),
+        status: SandboxStatus | str | Iterable[SandboxStatus | str] | None = None,
+    ) -> builtins.list[str]:
+        """Remove sandboxes by tag or id (see :meth:`asyncsandbox.Session.delete`). Blocks."""
+        call = functools.partial(self._session.delete, tags=tags, ids=ids, status=status)
+        return self._runtime.call("SyncSession.delete()", call)
+
+    def gc(self, *, dry_run: bool = False) -> builtins.list[tuple[SandboxInfo, str]]:
+        """Remove leftovers of crashed owners (see :meth:`asyncsandbox.Session.gc`). Blocks."""
+        call = functools.partial(self._session.gc, dry_run=dry_run)
+        return self._runtime.call("SyncSession.gc()", call)
+
+    def statistics(self) -> SessionStatistics:
+        """A snapshot of the Session's limits and counters (also after close). Never blocks."""
+        # Plain counters read across threads: a snapshot, possibly one update behind.
+        return self._session.statistics()
+
+    def close(self) -> None:
+        """Cancel pending handles, remove every sandbox of the session, stop the event loop
+        thread. Idempotent. Blocks until done.
+
+        Cancellation: pending handles are cancelled first (their commands killed); their
+        cleanup and every removal are waited for, each bounded by the Session's timeouts.
+        """
+        _check_blocking_allowed("SyncSession.close()")
+        self._finalizer()
+
+    def __enter__(self) -> Self:
+        return self.open()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<SyncSession {self._runtime.state} {self._session!r}>"
+
+
+def _check_handles(handles: Iterable[Handle[Any]]) -> builtins.list[Handle[Any]]:
+    out = builtins.list(dict.fromkeys(handles))
+    for handle in out:
+        if not isinstance(handle, Handle):
+            raise InvalidArgument(
+                f"expected Handle objects (from asyncsandbox.sync), got {type(handle).__name__}"
+            )
+    return out
+
+
+def wait(
+    handles: Iterable[Handle[Any]],
+    *,
+    num_returns: int | None = None,
+    timeout: float | None = None,
+) -> tuple[builtins.list[Handle[Any]], builtins.list[Handle[Any]]]:
+    """Wait until ``num_returns`` of ``handles`` are done (all, by default) or ``timeout``
+    seconds passed; return ``(done, pending)``: ``done`` in order of completion (those
+    already done first, in the order given; at most ``num_returns``), ``pending`` in the
+    order given. The seeds' loop works as is::
+
+        while pending:
+            [handle], pending = wait(pending, num_returns=1)
+
+    A failed or cancelled handle counts as done; ``handle.result()`` raises its error.
+    Handles still pending when the wait ends keep running. Blocks.
+    """
+    _check_blocking_allowed("asyncsandbox.sync.wait()")
+    items = _check_handles(handles)
+    wanted = len(items) if num_returns is None else check.positive_int("num_returns", num_returns)
+    deadline = _deadline(timeout)
+    done: builtins.list[Handle[Any]] = []
+    if wanted and items:
+        try:
+            for handle in _completed(items, deadline):
+                done.append(handle)
+                if len(done) >= wanted:
+                    break
+        except TimeoutError:
+            pass
+    chosen = set(map(id, done))
+    return done, [h for h in items if id(h) not in chosen]
+
+
+def as_completed(
+    handles: Iterable[Handle[Any]], *, timeout: float | None = None
+) -> Iterator[Handle[Any]]:
+    """Yield each of ``handles`` as it finishes (those already done first, in the order
+    given). Blocks while waiting.
+
+    ``timeout`` bounds the whole iteration, from this call; past it, the builtin
+    :class:`TimeoutError` is raised and the remaining handles keep running.
+    """
+    _check_blocking_allowed("asyncsandbox.sync.as_completed()")
+    return _completed(_check_handles(handles), _deadline(timeout))
+
+
+def _deadline(timeout: float | None) -> float | None:
+    limit = check.seconds("timeout", timeout)
+    return None if limit is None else time.monotonic() + limit
+
+
+def _completed(
+    handles: builtins.list[Handle[Any]], deadline: float | None
+) -> Iterator[Handle[Any]]:
+    # Those already done first, in a deterministic order (concurrent.futures would yield
+    # them in set order); its as_completed() removes its waiters when we stop early.
+    ready: builtins.list[Handle[Any]] = []
+    running: dict[Future[Any], Handle[Any]] = {}
+    for handle in handles:
+        if handle.done():
+            ready.append(handle)
+        else:
+            running[handle._future] = handle
+    yield from ready
+    remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+    for future in concurrent.futures.as_completed(running, remaining):
+        yield running[future]
