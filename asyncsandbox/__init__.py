@@ -9,6 +9,7 @@ from ._config import (
     RetryPolicy as RetryPolicy,
     SandboxDefaults as SandboxDefaults,
     Timeouts as Timeouts,
+    WarmPool as WarmPool,
 )
 from ._errors import (
     BackendNotFound as BackendNotFound,
@@ -57,6 +58,7 @@ __all__ = (
     "Limits",
     "Timeouts",
     "RetryPolicy",
+    "WarmPool",
     # results
     "ExecResult",
     "OutputChunk",

@@ -12,7 +12,7 @@ import msgspec
 from . import _validate as check
 from ._errors import InvalidArgument
 
-__all__ = ("Resources", "SandboxDefaults", "Limits", "Timeouts", "RetryPolicy")
+__all__ = ("Resources", "SandboxDefaults", "Limits", "Timeouts", "RetryPolicy", "WarmPool")
 
 Network = Literal["none", "host"]
 NETWORK_MODES: tuple[Network, ...] = ("none", "host")
@@ -150,3 +150,25 @@ class RetryPolicy(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True
         check.positive_int("attempts", self.attempts)
         check.seconds("backoff", self.backoff, allow_none=False)
         check.seconds("max_backoff", self.max_backoff, allow_none=False)
+
+
+class WarmPool(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Sandboxes kept started ahead of need, so that starting one is a hand-over.
+
+    The pool holds sandboxes of the session's default spec (``session.sandbox()`` without
+    overrides takes one; with overrides, a sandbox is created as usual) and refills in the
+    background. A pooled sandbox goes to exactly one :class:`Sandbox` and is removed when
+    that one stops: never shared between episodes. Pooled sandboxes count toward
+    ``Limits.max_live``, and their ``max_lifetime`` counts from their creation.
+    """
+
+    size: int
+    """How many ready sandboxes to keep."""
+    max_age: float | None = 600.0
+    """Seconds after which an unused pooled sandbox is replaced by a fresh one."""
+
+    def __post_init__(self) -> None:
+        check.positive_int("size", self.size)
+        check.seconds("max_age", self.max_age)
+        if self.max_age == 0:
+            raise InvalidArgument("max_age must be > 0 or None")

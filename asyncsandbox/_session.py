@@ -5,8 +5,10 @@ deadlines, retries, error mapping, logging, and cleanup that survives cancellati
 from __future__ import annotations
 
 import builtins
+import math
 import random
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
@@ -16,7 +18,7 @@ import anyio
 import msgspec
 
 from . import _owner, _validate as check
-from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts
+from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts, WarmPool
 from ._errors import (
     BackendTimeout,
     InfrastructureError,
@@ -61,6 +63,10 @@ class SessionStatistics(msgspec.Struct, frozen=True, kw_only=True):
     execs_timed_out: int
     execs_failed: int
     """Commands that ended with an error other than their timeout (infrastructure, closed)."""
+    pool_ready: int = 0
+    """Sandboxes waiting in the warm pool."""
+    pool_hits: int = 0
+    """Starts served from the warm pool."""
 
 
 @final
@@ -87,6 +93,8 @@ class Session:
         or callables ``reporter(metrics, step)``. ``None`` (default): W&B when a run is
         active at logging time. ``[]``: nowhere.
     :param metrics_prefix: prefix of every metric name.
+    :param warm_pool: keep sandboxes of the default spec started ahead of need
+        (:class:`WarmPool`), so that ``start()`` is a hand-over.
 
     Open and close it in the same task (``async with`` does that).
     """
@@ -103,12 +111,14 @@ class Session:
         sweep: bool = True,
         report_to: Sequence[str | MetricsReporter] | None = None,
         metrics_prefix: str = "asyncsandbox/",
+        warm_pool: WarmPool | None = None,
     ) -> None:
         for name, value, kind in (
             ("defaults", defaults, SandboxDefaults),
             ("limits", limits, Limits),
             ("timeouts", timeouts, Timeouts),
             ("retries", retries, RetryPolicy),
+            ("warm_pool", warm_pool, WarmPool),
         ):
             if value is not None and not isinstance(value, kind):
                 raise InvalidArgument(f"{name} must be a {kind.__name__}, got {value!r}")
@@ -130,6 +140,19 @@ class Session:
         self.timeouts = timeouts or Timeouts()
         self.retries = retries or RetryPolicy()
         self._sweep = sweep
+        self.warm_pool = warm_pool
+        lifetime = self.defaults.max_lifetime
+        if (
+            warm_pool is not None
+            and lifetime is not None
+            and (warm_pool.max_age or math.inf) >= lifetime
+        ):
+            raise InvalidArgument(
+                "warm_pool.max_age must be shorter than the sandboxes' max_lifetime"
+            )
+        self._pool: deque[tuple[SandboxHandle, float]] = deque()  # (ready sandbox, created at)
+        self._pool_filling = 0
+        self._pool_changed: anyio.Event | None = None
         self._metrics = Metrics(metrics_prefix)
         self._reporters = resolve_reporters(report_to)
         self._state = _NEW
@@ -154,6 +177,7 @@ class Session:
                 "finished",
                 "timed_out",
                 "failed",
+                "pool_hits",
             ),
             0,
         )
@@ -195,6 +219,9 @@ class Session:
             raise
         self._stack = stack
         self._log.debug("session.opened")
+        if self.warm_pool is not None:
+            self._pool_changed = anyio.Event()
+            self._task_group.start_soon(self._keep_pool, name="asyncsandbox:warm pool")
         if self._sweep:
             try:
                 await self.gc()
@@ -244,6 +271,8 @@ class Session:
             async with anyio.create_task_group() as tg:
                 for sandbox in list(self._sandboxes):
                     tg.start_soon(stop, sandbox)
+                while self._pool:
+                    tg.start_soon(self._discard_pooled, self._pool.popleft()[0])
         if not self._metrics.empty:
             self.log_metrics(reset=True)  # the final figures of the run
         if self._stack is not None:
@@ -413,6 +442,8 @@ class Session:
             execs_finished=c["finished"],
             execs_timed_out=c["timed_out"],
             execs_failed=c["failed"],
+            pool_ready=len(self._pool),
+            pool_hits=c["pool_hits"],
         )
 
     def __repr__(self) -> str:
@@ -426,17 +457,14 @@ class Session:
 
     # -- policy used by Sandbox ---------------------------------------------------------
 
-    async def _create(self, sandbox: Sandbox) -> SandboxHandle:
-        self._check_open()
-        backend = self.backend
-        config = sandbox.config
-        caps = backend.capabilities
+    def _spec(self, config: SandboxDefaults) -> SandboxSpec:
+        caps = self.backend.capabilities
         if config.network not in caps.network_modes:
             raise InvalidArgument(
                 f"the {self._backend_name!r} backend does not support network={config.network!r} "
                 f"(supported: {', '.join(sorted(caps.network_modes))})"
             )
-        spec = SandboxSpec(
+        return SandboxSpec(
             image=config.image,
             env=config.env,
             workdir=config.workdir,
@@ -447,6 +475,37 @@ class Session:
             ),
             max_lifetime=config.max_lifetime,
         )
+
+    async def _create(self, sandbox: Sandbox) -> SandboxHandle:
+        self._check_open()
+        if self._pool and sandbox.config == self.defaults:
+            # A hand-over: the pooled sandbox already holds its live slot.
+            handle, _ = self._pool.popleft()
+            assert self._pool_changed is not None
+            self._pool_changed.set()
+            self._counts["pool_hits"] += 1
+            started = anyio.current_time()
+        else:
+            handle, started = await self._create_handle(self._spec(sandbox.config))
+        if self._state != _OPEN:
+            # Created just as the session began closing, maybe after it listed what to
+            # remove: remove it here (shielded: it must not outlive the session).
+            with anyio.CancelScope(shield=True):
+                await self._remove(sandbox, handle)
+            raise SandboxClosed("the session closed while the sandbox was starting")
+        sandbox.startup_seconds = anyio.current_time() - started
+        self._metrics.started(sandbox.startup_seconds)
+        self._sandboxes.add(sandbox)
+        self._counts["started"] += 1
+        self._log.debug(
+            "sandbox.started", sandbox_id=handle.id, seconds=round(sandbox.startup_seconds, 4)
+        )
+        return handle
+
+    async def _create_handle(self, spec: SandboxSpec) -> tuple[SandboxHandle, float]:
+        """Create a sandbox under the limits; return it (holding a live slot) and when its
+        creation began."""
+        backend = self.backend
         handle: SandboxHandle | None = None
         with anyio.CancelScope() as scope:
             self._creating.add(scope)
@@ -467,20 +526,53 @@ class Session:
                 self._creating.discard(scope)
         if handle is None:
             raise SandboxClosed("the session closed while the sandbox was starting")
-        if self._state != _OPEN:
-            # Created just as the session began closing, maybe after it listed what to
-            # remove: remove it here (shielded: it must not outlive the session).
-            with anyio.CancelScope(shield=True):
-                await self._remove(sandbox, handle)
-            raise SandboxClosed("the session closed while the sandbox was starting")
-        sandbox.startup_seconds = anyio.current_time() - started
-        self._metrics.started(sandbox.startup_seconds)
-        self._sandboxes.add(sandbox)
-        self._counts["started"] += 1
-        self._log.debug(
-            "sandbox.started", sandbox_id=handle.id, seconds=round(sandbox.startup_seconds, 4)
-        )
-        return handle
+        return handle, started
+
+    async def _keep_pool(self) -> None:
+        """Keep ``warm_pool.size`` sandboxes ready, replacing those past ``max_age``."""
+        pool = self.warm_pool
+        assert pool is not None
+        while True:
+            self._pool_changed = changed = anyio.Event()
+            now = anyio.current_time()
+            while (
+                self._pool and pool.max_age is not None and now - self._pool[0][1] >= pool.max_age
+            ):
+                assert self._task_group is not None
+                self._task_group.start_soon(self._discard_pooled, self._pool.popleft()[0])
+            for _ in range(pool.size - len(self._pool) - self._pool_filling):
+                self._pool_filling += 1
+                assert self._task_group is not None
+                self._task_group.start_soon(self._fill_pool)
+            wake = math.inf
+            if self._pool and pool.max_age is not None:
+                wake = self._pool[0][1] + pool.max_age - now
+            with anyio.move_on_after(wake):
+                await changed.wait()
+
+    async def _fill_pool(self) -> None:
+        try:
+            handle, _ = await self._create_handle(self._spec(self.defaults))
+            self._pool.append((handle, anyio.current_time()))
+        except SandboxError as exc:
+            if self._state == _OPEN:
+                self._log.warning("session.pool.fill_failed", error=repr(exc))
+                await anyio.sleep(1.0)  # do not spin on a backend that keeps failing
+        finally:
+            self._pool_filling -= 1
+            if self._pool_changed is not None:
+                self._pool_changed.set()
+
+    async def _discard_pooled(self, handle: SandboxHandle) -> None:
+        # Shielded: a pooled sandbox must not outlive its session either.
+        with anyio.CancelScope(shield=True):
+            try:
+                async with self._lifecycle.slot(bounded=False):
+                    await self._operation("remove", handle.remove, timeout=self.timeouts.remove)
+            except SandboxError as exc:
+                self._log.warning("sandbox.remove.failed", sandbox_id=handle.id, error=repr(exc))
+            finally:
+                self._live.release()
 
     async def _remove(self, sandbox: Sandbox, handle: SandboxHandle) -> None:
         """Remove a started sandbox (called shielded by ``Sandbox.stop``)."""
