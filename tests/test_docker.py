@@ -290,7 +290,9 @@ async def test_sweep_removes_containers_of_a_killed_owner() -> None:
     # commands and ended its container (the dead-man's switch of the fast path).
     with anyio.fail_after(20):
         while True:
-            states = await anyio.run_process(["docker", "inspect", "-f", "{{.State.Running}}", *left])
+            states = await anyio.run_process(
+                ["docker", "inspect", "-f", "{{.State.Running}}", *left]
+            )
             if set(states.stdout.split()) == {b"false"}:
                 break
             await anyio.sleep(0.2)

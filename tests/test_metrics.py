@@ -139,7 +139,9 @@ async def test_log_reporter_emits_a_structured_event() -> None:
     assert events[0]["asyncsandbox.executions"] == 1
 
 
-def test_wandb_offline_run_receives_the_metrics(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wandb_offline_run_receives_the_metrics(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Auto mode (report_to=None) finds an active W&B run; offline, nothing leaves the machine."""
     wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -13,7 +13,13 @@ import asyncsandbox.sync
 import asyncsandbox.testing
 import asyncsandbox.tools
 
-PUBLIC_MODULES = [asyncsandbox, asyncsandbox.abc, asyncsandbox.sync, asyncsandbox.testing, asyncsandbox.tools]
+PUBLIC_MODULES = [
+    asyncsandbox,
+    asyncsandbox.abc,
+    asyncsandbox.sync,
+    asyncsandbox.testing,
+    asyncsandbox.tools,
+]
 
 
 @pytest.mark.parametrize("module", PUBLIC_MODULES, ids=lambda m: m.__name__)
