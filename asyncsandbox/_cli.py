@@ -207,12 +207,37 @@ def _parser() -> argparse.ArgumentParser:
     gc.add_argument("--dry-run", action="store_true", help="only show what would be removed")
 
     sub.add_parser("backends", help="list backends and what they can do")
+    # Options are the server's own (asyncsandbox_remote.server); `serve --help` lists them.
+    sub.add_parser(
+        "serve",
+        add_help=False,
+        help="serve sandboxes over HTTP to remote clients (needs asyncsandbox[remote])",
+    )
     return parser
+
+
+def _serve(argv: list[str], verbosity: int) -> int:
+    try:
+        from asyncsandbox_remote import server
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and "asyncsandbox_remote".startswith(exc.name):
+            print(
+                "asyncsandbox serve needs the remote backend: pip install 'asyncsandbox[remote]'",
+                file=sys.stderr,
+            )
+            return 2
+        raise
+    return server.main(argv, verbosity=verbosity)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "serve":
+        _configure_logging(args.verbose)
+        return _serve(extra, args.verbose)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "exec" and args.argv[:1] == ["--"]:
         args.argv = args.argv[1:]
     _configure_logging(args.verbose)

@@ -30,4 +30,5 @@ def test_readme_example_runs(code: str) -> None:
         assert done.stdout == b"hello from trio\n"
     else:
         assert b"0 45" in done.stdout
-        assert b"timed out after 1.0 s" in done.stdout
+        # Killed at its 1 s timeout (a loaded machine may take a tenth longer to say so).
+        assert re.search(rb"timed out after 1\.[0-2] s", done.stdout), done.stdout

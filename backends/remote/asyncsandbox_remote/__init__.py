@@ -1,0 +1,10 @@
+"""The remote backend of asyncsandbox: sandboxes on a server, over HTTP.
+
+* :class:`RemoteBackend` (``Session("remote")``): the client, on httpx (asyncio and trio).
+* :mod:`asyncsandbox_remote.server`: the server, ``asyncsandbox serve`` (Starlette on
+  uvicorn), which runs any backend for many tenants.
+"""
+
+from ._client import RemoteAttributes as RemoteAttributes, RemoteBackend as RemoteBackend
+
+__all__ = ("RemoteAttributes", "RemoteBackend")

@@ -1,0 +1,799 @@
+"""The client half: a :class:`~asyncsandbox.abc.Backend` whose sandboxes live on a
+server (``asyncsandbox serve``), reached over HTTP with httpx.
+
+httpx runs on anyio, so this backend works on asyncio and trio. All policy stays where
+it belongs: the client's Session applies its limits, deadlines and retries as for any
+backend, and the server applies its own over its backend. This module only speaks the
+protocol, retries what is safe to retry, and translates every HTTP and transport failure
+into the asyncsandbox error tree at the boundary (users never see httpx exceptions).
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import random
+import ssl
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Mapping
+from contextlib import aclosing, asynccontextmanager, suppress
+from typing import Any, Self, cast
+
+import anyio
+import anyio.abc
+import httpx
+import msgspec
+from anyio import TypedAttributeSet, typed_attribute
+
+from asyncsandbox import (
+    BackendUnavailable,
+    FileErrorReason,
+    InfrastructureError,
+    InvalidArgument,
+    SandboxDied,
+    SandboxError,
+    SandboxFileError,
+    SandboxInfo,
+    SandboxNotFound,
+    SandboxOOMKilled,
+    SandboxStatus,
+)
+from asyncsandbox.abc import (
+    Backend,
+    BackendCapabilities,
+    ExitStatus,
+    OutputCallback,
+    SandboxHandle,
+    SandboxSpec,
+)
+
+from . import _wire as w
+from ._log import get_logger
+
+__all__ = ("RemoteAttributes", "RemoteBackend")
+
+BASE_URL_ENV = "ASYNCSANDBOX_BASE_URL"
+API_KEY_ENV = "ASYNCSANDBOX_API_KEY"
+CLEANUP_DEADLINE = 10.0
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+JSON_HEADERS = {"content-type": "application/json"}
+
+log = get_logger()
+
+
+class RemoteAttributes(TypedAttributeSet):
+    """Typed attributes of remote sandboxes (``sandbox.extra(RemoteAttributes.base_url)``)."""
+
+    base_url: str = typed_attribute()
+    """The server the sandbox lives on."""
+    server_backend: str = typed_attribute()
+    """The backend the server runs it on (``process``, ``docker``, ...)."""
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+def _error_body(response: httpx.Response) -> w.ErrorBody | None:
+    try:
+        return w.ERROR.decode(response.content).error
+    except msgspec.DecodeError:
+        return None
+
+
+def _reason(value: str | None) -> FileErrorReason:
+    try:
+        return FileErrorReason(value or "other")
+    except ValueError:
+        return FileErrorReason.OTHER
+
+
+def _mapped(
+    status: int, body: w.ErrorBody | None, *, base_url: str, sandbox_id: str | None
+) -> SandboxError:
+    """The asyncsandbox error for an error answer of the server."""
+    code = body.code if body is not None else ""
+    message = body.message if body is not None else f"HTTP {status}"
+    sid = (body.sandbox_id if body is not None else None) or sandbox_id or "?"
+    if status == 401 or code == "unauthorized":
+        return BackendUnavailable(
+            f"the sandbox server at {base_url} refused the API key (401 unauthorized): give "
+            f"RemoteBackend(api_key=...) or set {API_KEY_ENV} to a key the server knows",
+            retryable=False,
+        )
+    if code == "sandbox_not_found" or (status == 404 and sandbox_id is not None and not code):
+        return SandboxNotFound(sid, message)
+    if code == "file_error" and body is not None:
+        return SandboxFileError(_reason(body.reason), body.path or "?", body.detail)
+    if code == "sandbox_oom_killed":
+        return SandboxOOMKilled(sid, (body.reason if body else None) or "out of memory")
+    if code == "sandbox_died" or status == 410:
+        return SandboxDied(sid, (body.reason if body else None) or message)
+    if status in (400, 413, 422) or code in ("invalid_argument", "request_too_large"):
+        return InvalidArgument(f"the sandbox server refused the request: {message}")
+    if status == 429:
+        return BackendUnavailable(f"the sandbox server refused: {message}", retryable=True)
+    if status == 503:
+        return BackendUnavailable(
+            f"the sandbox server at {base_url} is unavailable: {message}",
+            retryable=body.retryable if body is not None else True,
+        )
+    return InfrastructureError(f"the sandbox server answered {status}: {message}", retryable=False)
+
+
+def _first_message(exc: BaseException) -> str:
+    """The first non-empty message along the chain: on trio, httpx's ConnectError for a
+    failed TLS handshake says nothing itself, its cause (the ssl error) does."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if str(seen):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return type(exc).__name__
+
+
+def _transport_error(exc: httpx.HTTPError, base_url: str, what: str) -> SandboxError:
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return BackendUnavailable(
+            f"cannot reach the sandbox server at {base_url} ({what}): {_first_message(exc)}",
+            retryable=True,
+        )
+    if isinstance(exc, httpx.TimeoutException):
+        return BackendUnavailable(
+            f"the sandbox server at {base_url} did not answer in time ({what}: "
+            f"{type(exc).__name__})",
+            retryable=False,
+        )
+    return BackendUnavailable(
+        f"lost the connection to the sandbox server at {base_url} ({what}): "
+        f"{type(exc).__name__}: {exc}",
+        retryable=False,
+    )
+
+
+def _died(exc: SandboxError) -> SandboxError:
+    """Inside a sandbox, "no such sandbox" means it is gone: the contract says SandboxDied."""
+    if isinstance(exc, SandboxNotFound):
+        return SandboxDied(exc.sandbox_id, "not found on the server (removed, or lease expired)")
+    return exc
+
+
+# -- HTTP ---------------------------------------------------------------------------------
+
+
+class _Api:
+    """One pooled httpx client, with retries for what is safe to retry."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float,
+        connect_timeout: float,
+        attempts: int,
+        backoff: float,
+        max_connections: int,
+        verify: bool | str | ssl.SSLContext,
+    ) -> None:
+        self.base_url = base_url
+        if isinstance(verify, str):
+            verify = ssl.create_default_context(cafile=verify)
+        self.client = httpx.AsyncClient(
+            base_url=base_url,
+            headers={"authorization": f"Bearer {api_key}", "user-agent": "asyncsandbox-remote"},
+            timeout=httpx.Timeout(timeout, connect=connect_timeout, pool=None),
+            limits=httpx.Limits(
+                max_connections=max_connections,
+                max_keepalive_connections=min(64, max_connections),
+                # Shorter than the server's keep-alive (60 s): we never reuse a connection
+                # the server is closing, so a request is never lost to that race.
+                keepalive_expiry=15.0,
+            ),
+            verify=verify,
+            follow_redirects=False,
+        )
+        self.attempts = attempts
+        self.backoff = backoff
+
+    async def _sleep(self, attempt: int) -> None:
+        await anyio.sleep(random.uniform(0, min(2.0, self.backoff * 2 ** (attempt - 1))))
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        retry: bool,
+        stream: bool = False,
+        params: Any = None,
+        content: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """Send a request; retry connection failures (nothing was sent) always, and
+        other transport failures and 502/503/504 answers only when ``retry`` (the call is
+        idempotent or idempotency-keyed). Answers are returned whatever their status."""
+        attempt = 0
+        while True:
+            attempt += 1
+            request = self.client.build_request(
+                method, path, params=params, content=content, headers=headers
+            )
+            try:
+                response = await self.client.send(request, stream=stream)
+            except httpx.HTTPError as exc:
+                unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+                if (unsent or retry) and attempt < self.attempts:
+                    log.debug("remote.client.retry", what=what, attempt=attempt, error=repr(exc))
+                    await self._sleep(attempt)
+                    continue
+                raise _transport_error(exc, self.base_url, what) from exc
+            if retry and response.status_code in (502, 503, 504) and attempt < self.attempts:
+                await self._close(response)
+                await self._sleep(attempt)
+                continue
+            return response
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        retry: bool,
+        sandbox_id: str | None = None,
+        params: Any = None,
+        content: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """A unary call: the answer, read whole; error answers raise mapped errors."""
+        response = await self.send(
+            method,
+            path,
+            what=what,
+            retry=retry,
+            params=params,
+            content=content,
+            headers=headers,
+        )
+        if response.status_code >= 400:
+            raise self.error(response, sandbox_id)
+        return response
+
+    def error(self, response: httpx.Response, sandbox_id: str | None) -> SandboxError:
+        return _mapped(
+            response.status_code,
+            _error_body(response),
+            base_url=self.base_url,
+            sandbox_id=sandbox_id,
+        )
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        sandbox_id: str | None,
+        params: Any = None,
+        content: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[httpx.Response]:
+        """A streamed answer (status checked). Leaving the block closes the connection if
+        the body was not read to the end: that is how the server learns we are gone."""
+        response = await self.send(
+            method,
+            path,
+            what=what,
+            retry=False,
+            stream=True,
+            params=params,
+            content=content,
+            headers=headers,
+        )
+        try:
+            if response.status_code >= 400:
+                try:
+                    await response.aread()
+                except httpx.HTTPError as exc:
+                    raise _transport_error(exc, self.base_url, what) from exc
+                raise self.error(response, sandbox_id)
+            yield response
+        finally:
+            await self._close(response)
+
+    @staticmethod
+    async def _close(response: httpx.Response) -> None:
+        # Shielded and bounded: the connection must be released even when we are cancelled
+        # (closing it is what tells the server to kill a streaming command).
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(CLEANUP_DEADLINE),
+            suppress(httpx.HTTPError),
+        ):
+            await response.aclose()
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE):
+            await self.client.aclose()
+
+
+# -- the backend --------------------------------------------------------------------------
+
+
+class RemoteBackend(Backend):
+    """Sandboxes on a server (``asyncsandbox serve``), over HTTP: ``Session("remote")``.
+
+    :param base_url: the server, such as ``https://sandboxes.example:8765`` (default:
+        ``$ASYNCSANDBOX_BASE_URL``).
+    :param api_key: the tenant's API key, sent as a bearer token (default:
+        ``$ASYNCSANDBOX_API_KEY``). Never logged nor shown in ``repr``.
+    :param timeout: seconds any single read or write on the connection may take (the
+        server pings silent commands, so long commands are fine).
+    :param connect_timeout: seconds to establish a connection.
+    :param attempts: tries of a call that is safe to repeat (idempotent, or a create with
+        its idempotency key); connection failures, lost answers and 502/503/504 answers
+        are retried with jittered exponential backoff. Commands are never repeated.
+    :param lease_seconds: lease asked for each sandbox (default: the server's). The
+        backend renews the leases of its sandboxes in the background; when this process
+        vanishes, the server removes them once the lease expires.
+    :param verify: TLS verification: True, False, a CA bundle path or an ``SSLContext``.
+    :param max_connections: size of the connection pool (each running command holds one).
+
+    Works on asyncio and trio. Errors are asyncsandbox errors: a refused key is
+    :class:`~asyncsandbox.BackendUnavailable` (not retryable) saying so, quotas answer
+    ``BackendUnavailable`` (retryable), a sandbox the server no longer has is
+    :class:`~asyncsandbox.SandboxDied` inside it and
+    :class:`~asyncsandbox.SandboxNotFound` from :meth:`attach`.
+    """
+
+    name = "remote"
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 60.0,
+        connect_timeout: float = 10.0,
+        attempts: int = 4,
+        backoff: float = 0.2,
+        lease_seconds: float | None = None,
+        verify: bool | str | ssl.SSLContext = True,
+        max_connections: int = 512,
+    ) -> None:
+        url: object = base_url if base_url is not None else os.environ.get(BASE_URL_ENV, "")
+        key: object = api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise InvalidArgument(
+                f"the remote backend needs the server's URL: RemoteBackend(base_url="
+                f"'http://host:port') or ${BASE_URL_ENV} (got {url!r})"
+            )
+        if not isinstance(key, str) or not key.strip():
+            raise InvalidArgument(
+                f"the remote backend needs an API key: RemoteBackend(api_key=...) or ${API_KEY_ENV}"
+            )
+        for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
+            if not 0 < value < float("inf"):
+                raise InvalidArgument(f"{name} must be a positive number of seconds")
+        if attempts < 1:
+            raise InvalidArgument("attempts must be an integer >= 1")
+        if lease_seconds is not None and not 0 < lease_seconds < float("inf"):
+            raise InvalidArgument("lease_seconds must be a positive number of seconds or None")
+        self.base_url = url.rstrip("/")
+        self._key = key.strip()
+        self._options: dict[str, Any] = {
+            "timeout": float(timeout),
+            "connect_timeout": float(connect_timeout),
+            "attempts": attempts,
+            "backoff": backoff,
+            "max_connections": max_connections,
+            "verify": verify,
+        }
+        self._lease_seconds = lease_seconds
+        self._api: _Api | None = None
+        self._info: w.ServerInfo | None = None
+        self._caps: BackendCapabilities | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._leased: set[str] = set()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("open" if self._api else "new")
+        return f"<RemoteBackend {self.base_url} {state} leased={len(self._leased)}>"
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        if self._caps is not None:
+            return self._caps
+        # Until entered (and the server asked) only what the client itself can promise.
+        return BackendCapabilities(
+            isolation=f"remote server at {self.base_url} (not connected yet)",
+            network_modes=frozenset({"none", "host"}),
+        )
+
+    @property
+    def api(self) -> _Api:
+        if self._api is None:
+            raise BackendUnavailable(
+                "the remote backend is not open (use it through a Session)", retryable=False
+            )
+        return self._api
+
+    async def __aenter__(self) -> Self:
+        if self._closed or self._api is not None:
+            raise InvalidArgument("a RemoteBackend can be opened once")
+        self._api = _Api(self.base_url, self._key, **self._options)
+        task_group = anyio.create_task_group()
+        try:
+            response = await self._api.call("GET", "/v1/info", what="info", retry=True)
+            try:
+                info = w.INFO.decode(response.content)
+            except msgspec.DecodeError as exc:
+                raise BackendUnavailable(
+                    f"{self.base_url} does not answer like an asyncsandbox server: {exc}",
+                    retryable=False,
+                ) from None
+            self._info = info
+            caps = info.capabilities
+            self._caps = BackendCapabilities(
+                isolation=f"remote: {caps.isolation} ({info.backend} at {self.base_url})",
+                enforced_limits=frozenset(caps.enforced_limits),
+                network_modes=frozenset(caps.network_modes),
+                reports_signal=caps.reports_signal,
+            )
+            # Exited in aclose(), which the Session calls from this same task.
+            await task_group.__aenter__()
+        except BaseException:
+            self._closed = True
+            await self._api.aclose()
+            raise
+        self._task_group = task_group
+        task_group.start_soon(self._keep_leases)
+        return self
+
+    async def aclose(self) -> None:
+        if self._closed and self._task_group is None:
+            return
+        self._closed = True
+        task_group, self._task_group = self._task_group, None
+        if task_group is not None:
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(None, None, None)
+        if self._api is not None:
+            await self._api.aclose()
+
+    async def _keep_leases(self) -> None:
+        lease = self._lease_seconds or (self._info.lease_seconds if self._info else 60.0)
+        period = max(0.2, lease / 3)
+        while True:
+            await anyio.sleep(period)
+            ids = sorted(self._leased)
+            if not ids:
+                continue
+            try:
+                response = await self.api.call(
+                    "POST",
+                    "/v1/leases",
+                    what="renew leases",
+                    retry=True,
+                    content=w.RENEWAL.encode(w.LeaseRenewal(ids=ids)),
+                    headers=JSON_HEADERS,
+                )
+                missing = w.LEASES.decode(response.content).missing
+            except (SandboxError, msgspec.DecodeError) as exc:
+                log.warning("remote.lease.renew_failed", error=str(exc))
+                continue
+            self._leased.difference_update(missing)
+
+    def _handle(self, description: w.SandboxDescription) -> RemoteSandbox:
+        self._leased.add(description.id)
+        return RemoteSandbox(self, description)
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        key = uuid.uuid4().hex
+        res = spec.resources
+        body = w.CreateSandbox(
+            image=spec.image,
+            env=dict(spec.env),
+            workdir=spec.workdir,
+            resources=w.ResourceLimits(cpus=res.cpus, memory_mb=res.memory_mb, pids=res.pids),
+            network=spec.network,
+            labels=dict(spec.labels),
+            max_lifetime=spec.max_lifetime,
+            lease_seconds=self._lease_seconds,
+        )
+        try:
+            response = await self.api.send(
+                "POST",
+                "/v1/sandboxes",
+                what="create",
+                retry=True,
+                content=w.CREATE.encode(body),
+                headers={**JSON_HEADERS, "idempotency-key": key},
+            )
+        except BaseException:
+            await self._abandon(key)  # cancelled or unreachable: the outcome is unknown
+            raise
+        if response.status_code >= 500:
+            await self._abandon(key)
+        if response.status_code >= 400:
+            raise self.api.error(response, None)
+        try:
+            description = w.DESCRIPTION.decode(response.content)
+        except msgspec.DecodeError as exc:
+            await self._abandon(key)
+            raise InfrastructureError(f"invalid answer to create: {exc}") from None
+        return self._handle(description)
+
+    async def _abandon(self, key: str) -> None:
+        """Undo a create whose outcome we do not know (shielded, bounded)."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE):
+            try:
+                await self.api.call(
+                    "DELETE", f"/v1/creates/{key}", what="abandon create", retry=True
+                )
+            except SandboxError as exc:
+                log.warning("remote.create.abandon_failed", error=str(exc))
+
+    async def attach(self, sandbox_id: str) -> SandboxHandle:
+        response = await self.api.call(
+            "GET", _sandbox_path(sandbox_id), what="attach", retry=True, sandbox_id=sandbox_id
+        )
+        return self._handle(_decode(w.DESCRIPTION, response))
+
+    async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
+        params = [("label", f"{key}={value}") for key, value in labels.items()]
+        response = await self.api.call(
+            "GET", "/v1/sandboxes", what="list", retry=True, params=params
+        )
+        return [_info(item) for item in _decode(w.LIST, response).items]
+
+
+def _sandbox_path(sandbox_id: str, suffix: str = "") -> str:
+    from urllib.parse import quote
+
+    return f"/v1/sandboxes/{quote(sandbox_id, safe='')}{suffix}"
+
+
+def _decode(codec: w.Codec[Any], response: httpx.Response) -> Any:
+    try:
+        return codec.decode(response.content)
+    except msgspec.DecodeError as exc:
+        raise InfrastructureError(f"invalid answer from the sandbox server: {exc}") from None
+
+
+def _status(value: str) -> SandboxStatus:
+    try:
+        return SandboxStatus(value)
+    except ValueError:
+        return SandboxStatus.DEAD
+
+
+def _info(item: w.SandboxDescription) -> SandboxInfo:
+    return SandboxInfo(
+        id=item.id,
+        status=_status(item.status),
+        labels=dict(item.labels),
+        image=item.image,
+        created_at=item.created_at,
+        backend=RemoteBackend.name,
+    )
+
+
+async def _aiter(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        yield chunk
+
+
+class RemoteSandbox(SandboxHandle):
+    """One sandbox on the server."""
+
+    def __init__(self, backend: RemoteBackend, description: w.SandboxDescription) -> None:
+        self._backend = backend
+        self._id = description.id
+        self._server_backend = description.backend
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def extra_attributes(self) -> Mapping[Any, Any]:
+        return {
+            RemoteAttributes.base_url: lambda: self._backend.base_url,
+            RemoteAttributes.server_backend: lambda: self._server_backend,
+        }
+
+    async def exec(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        on_output: OutputCallback,
+    ) -> ExitStatus:
+        api = self._backend.api
+        exec_id = uuid.uuid4().hex
+        body = w.EXEC.encode(
+            w.ExecRequest(argv=list(argv), cwd=cwd, env=dict(env), stdin=stdin, exec_id=exec_id)
+        )
+        status: ExitStatus | None = None
+        refused = False
+        try:
+            async with api.stream(
+                "POST",
+                _sandbox_path(self._id, "/exec/stream"),
+                what="exec",
+                sandbox_id=self._id,
+                content=body,
+                headers=JSON_HEADERS,
+            ) as response:
+                status = await self._frames(response, on_output)
+        except SandboxError as exc:
+            refused = status is None and not isinstance(exc, BackendUnavailable)
+            raise _died(exc) from exc.__cause__
+        finally:
+            if status is None and not refused:
+                # Cancelled (or the link broke) while the command may run: kill it by id and
+                # wait until the server says its process tree is gone (shielded, bounded).
+                with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE):
+                    try:
+                        await api.call(
+                            "DELETE",
+                            _sandbox_path(self._id, f"/execs/{exec_id}"),
+                            what="cancel exec",
+                            retry=True,
+                            sandbox_id=self._id,
+                        )
+                    except SandboxError as exc:
+                        log.debug("remote.exec.cancel_failed", error=str(exc))
+        assert status is not None
+        return status
+
+    async def _frames(self, response: httpx.Response, on_output: OutputCallback) -> ExitStatus:
+        buffer = bytearray()
+        status: ExitStatus | None = None
+        try:
+            raw = cast(AsyncGenerator[bytes, None], response.aiter_raw())
+            async with aclosing(raw) as chunks:
+                async for chunk in chunks:
+                    buffer += chunk
+                    start = 0
+                    while (end := buffer.find(b"\n", start)) >= 0:
+                        line = bytes(buffer[start:end])
+                        start = end + 1
+                        if line:
+                            status = await self._frame(line, on_output) or status
+                    del buffer[:start]
+                    if len(buffer) > MAX_FRAME_BYTES:
+                        raise InfrastructureError("the server sent an exec frame over 64 MiB")
+        except httpx.HTTPError as exc:
+            if status is not None:
+                return status  # the command's end arrived; only the connection's end was lost
+            raise _transport_error(exc, self._backend.base_url, "exec") from exc
+        if status is None:
+            raise InfrastructureError(
+                "the sandbox server ended the exec stream without the command's exit status",
+                retryable=False,
+            )
+        # Read to its end (the exit frame is the last one), so the connection is reused.
+        return status
+
+    async def _frame(self, line: bytes, on_output: OutputCallback) -> ExitStatus | None:
+        try:
+            frame = w.decode_frame(line)
+        except msgspec.DecodeError as exc:
+            raise InfrastructureError(f"invalid exec frame from the server: {exc}") from None
+        if isinstance(frame, w.OutputFrame):
+            if frame.stream == "stdout":
+                await on_output("stdout", frame.data)
+            elif frame.stream == "stderr":
+                await on_output("stderr", frame.data)
+        elif isinstance(frame, w.ExitFrame):
+            return ExitStatus(
+                returncode=frame.returncode, signal=frame.signal, oom_killed=frame.oom_killed
+            )
+        elif isinstance(frame, w.ErrorFrame):
+            raise _mapped(500, frame.error, base_url=self._backend.base_url, sandbox_id=self._id)
+        return None
+
+    async def read_file(self, path: str, *, max_bytes: int) -> bytes:
+        try:
+            response = await self._backend.api.call(
+                "GET",
+                _sandbox_path(self._id, "/files"),
+                what="read file",
+                retry=True,
+                sandbox_id=self._id,
+                params={"path": path, "max_bytes": max_bytes},
+            )
+        except SandboxError as exc:
+            raise _died(exc) from None
+        return response.content
+
+    async def write_file(self, path: str, data: bytes, *, mode: int) -> None:
+        try:
+            await self._backend.api.call(
+                "PUT",
+                _sandbox_path(self._id, "/files"),
+                what="write file",
+                retry=True,  # PUT: writing the same bytes twice is writing them once
+                sandbox_id=self._id,
+                params={"path": path, "mode": format(mode, "o")},
+                content=data,
+                headers={"content-type": "application/octet-stream"},
+            )
+        except SandboxError as exc:
+            raise _died(exc) from None
+
+    async def put_archive(self, path: str, archive: AsyncIterable[bytes]) -> None:
+        try:
+            await self._backend.api.call(
+                "PUT",
+                _sandbox_path(self._id, "/archive"),
+                what="upload",
+                retry=False,  # a stream cannot be replayed
+                sandbox_id=self._id,
+                params={"path": path},
+                content=_aiter(archive),
+                headers={"content-type": "application/x-tar"},
+            )
+        except SandboxError as exc:
+            raise _died(exc) from None
+
+    @asynccontextmanager
+    async def get_archive(self, path: str) -> AsyncIterator[AsyncIterator[bytes]]:
+        api = self._backend.api
+        try:
+            async with (
+                api.stream(
+                    "GET",
+                    _sandbox_path(self._id, "/archive"),
+                    what="download",
+                    sandbox_id=self._id,
+                    params={"path": path},
+                ) as response,
+                aclosing(_Chunks(response, self._backend.base_url)) as chunks,
+            ):
+                yield chunks
+        except SandboxError as exc:
+            raise _died(exc) from None
+
+    async def inspect(self) -> SandboxInfo:
+        response = await self._backend.api.call(
+            "GET", _sandbox_path(self._id), what="inspect", retry=True, sandbox_id=self._id
+        )
+        return _info(_decode(w.DESCRIPTION, response))
+
+    async def remove(self) -> None:
+        try:
+            await self._backend.api.call(
+                "DELETE", _sandbox_path(self._id), what="remove", retry=True, sandbox_id=self._id
+            )
+        except SandboxNotFound:
+            pass  # already gone: removing is idempotent
+        finally:
+            self._backend._leased.discard(self._id)
+
+
+class _Chunks:
+    """The body of a download, with transport errors translated."""
+
+    def __init__(self, response: httpx.Response, base_url: str) -> None:
+        self._chunks = response.aiter_raw()
+        self._base_url = base_url
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await anext(self._chunks)
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc, self._base_url, "download") from exc
+
+    async def aclose(self) -> None:
+        await self._chunks.aclose()  # type: ignore[attr-defined]

@@ -1,0 +1,118 @@
+"""The server's view of its backend: a thin wrapper that lets the server stream tar
+archives straight to a sandbox's handle and keep sandboxes on shutdown.
+
+The server runs a real :class:`asyncsandbox.Session` over this wrapper, so every runtime
+policy (limits, deadlines, retries, cleanup) applies unchanged; the wrapper only
+delegates, except that :meth:`_ServedHandle.remove` does nothing once the server decided
+to keep its sandboxes (``--on-shutdown keep``).
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any, Self
+
+from anyio import TypedAttributeSet, typed_attribute
+
+from asyncsandbox import SandboxInfo
+from asyncsandbox.abc import (
+    Backend,
+    BackendCapabilities,
+    ExitStatus,
+    OutputCallback,
+    SandboxHandle,
+    SandboxSpec,
+)
+
+
+class ServedAttributes(TypedAttributeSet):
+    """Typed attributes the server reads from its sandboxes (``sandbox.extra(...)``)."""
+
+    handle: SandboxHandle = typed_attribute()
+    """The backend's own handle, for streaming archives without a local copy."""
+
+
+class ServedBackend(Backend):
+    """Delegates to ``inner``; see the module docstring."""
+
+    name = "served"
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.keep = False
+        """Set on shutdown with the ``keep`` policy: removals become no-ops."""
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        return self.inner.capabilities
+
+    async def __aenter__(self) -> Self:
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.inner.__aexit__(exc_type, exc_val, exc_tb)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        return _ServedHandle(self, await self.inner.create(spec))
+
+    async def attach(self, sandbox_id: str) -> SandboxHandle:
+        return _ServedHandle(self, await self.inner.attach(sandbox_id))
+
+    async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
+        return await self.inner.list(labels=labels)
+
+
+class _ServedHandle(SandboxHandle):
+    def __init__(self, backend: ServedBackend, inner: SandboxHandle) -> None:
+        self._backend = backend
+        self._inner = inner
+
+    @property
+    def id(self) -> str:
+        return self._inner.id
+
+    @property
+    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
+        return {**self._inner.extra_attributes, ServedAttributes.handle: lambda: self._inner}
+
+    async def exec(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        on_output: OutputCallback,
+    ) -> ExitStatus:
+        return await self._inner.exec(argv, cwd=cwd, env=env, stdin=stdin, on_output=on_output)
+
+    async def read_file(self, path: str, *, max_bytes: int) -> bytes:
+        return await self._inner.read_file(path, max_bytes=max_bytes)
+
+    async def write_file(self, path: str, data: bytes, *, mode: int) -> None:
+        await self._inner.write_file(path, data, mode=mode)
+
+    async def put_archive(self, path: str, archive: AsyncIterable[bytes]) -> None:
+        await self._inner.put_archive(path, archive)
+
+    def get_archive(self, path: str) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
+        return self._inner.get_archive(path)
+
+    async def inspect(self) -> SandboxInfo:
+        return await self._inner.inspect()
+
+    async def remove(self) -> None:
+        if not self._backend.keep:
+            await self._inner.remove()

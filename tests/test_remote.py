@@ -1,0 +1,853 @@
+"""The remote backend and its server, against REAL servers on loopback.
+
+Every server here is ``asyncsandbox serve`` started as a subprocess on a free port (the
+server runs on asyncio; the clients run on asyncio and trio). The conformance suite runs
+through remote -> process and remote -> docker; the other tests check what the server
+promises: tenancy and auth, quotas and size limits, cancellation on disconnect, leases,
+shutdown, idempotent creates, its OpenAPI document (fuzzed), and a load test.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import httpx
+import msgspec
+import pytest
+from asyncsandbox_remote import RemoteAttributes, RemoteBackend, _wire as wire
+from asyncsandbox_remote._openapi import openapi
+
+from asyncsandbox import (
+    BackendUnavailable,
+    InvalidArgument,
+    SandboxDied,
+    Session,
+)
+from asyncsandbox._process._backend import default_root
+from asyncsandbox.abc import Backend
+from asyncsandbox.testing import CHECKS, Check
+
+from .conftest import docker_problem, docker_test_image
+
+ALICE = "alice-" + secrets.token_hex(16)
+BOB = "bob-" + secrets.token_hex(16)
+REPO = Path(__file__).resolve().parent.parent
+
+
+# -- a real server ----------------------------------------------------------------------
+
+
+class Server:
+    """``asyncsandbox -vv serve ...`` in a subprocess, on a free loopback port."""
+
+    def __init__(
+        self, directory: Path, *args: str, backend: str = "process", root: Path | None = None
+    ) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.keys = directory / "keys.txt"
+        self.keys.write_text(f"# test tenants\nalice:{ALICE}\nbob:{BOB}\n")
+        self.log = directory / f"server-{uuid.uuid4().hex[:6]}.log"
+        self.root = root
+        command = [
+            sys.executable,
+            "-m",
+            "asyncsandbox",
+            "-vv",
+            "serve",
+            "--backend",
+            backend,
+            "--listen",
+            "127.0.0.1:0",
+            "--print-url",
+            "--keys",
+            str(self.keys),
+            *(["--backend-option", f"root={root}"] if root is not None else []),
+            *args,
+        ]
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log)
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], 60)
+        line = self.process.stdout.readline().decode() if ready else ""
+        if "listening on" not in line:
+            self.stop(signal.SIGKILL)
+            raise RuntimeError(f"the server did not start:\n{self.logs()[-3000:]}")
+        self.url = line.split("listening on ", 1)[1].split()[0]
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        try:
+            if self.process.poll() is None:
+                self.process.send_signal(sig)
+                try:
+                    self.process.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+                    raise
+        finally:
+            if self.process.stdout is not None:
+                self.process.stdout.close()
+        return self.process.returncode
+
+    def sandbox_dirs(self) -> list[str]:
+        assert self.root is not None
+        if not self.root.exists():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if not p.name.startswith("."))
+
+    def client(self, key: str | None = ALICE) -> httpx.Client:
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+    def backend(self, key: str = ALICE, **options: Any) -> Callable[[], Backend]:
+        return functools.partial(RemoteBackend, self.url, key, **options)
+
+
+def _new_root() -> Path:
+    root = default_root().parent / "tests" / uuid.uuid4().hex[:10]
+    root.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("remote")
+
+
+@pytest.fixture(scope="module")
+def process_server(server_dir: Path) -> Iterator[Server]:
+    """One server on the process backend for the tests that need no special settings."""
+    root = _new_root()
+    server = Server(server_dir / "main", root=root)
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def make_server(server_dir: Path) -> Iterator[Callable[..., Server]]:
+    """Servers with special settings, stopped (and their roots removed) after the test."""
+    started: list[Server] = []
+
+    def make(*args: str) -> Server:
+        server = Server(server_dir / uuid.uuid4().hex[:6], *args, root=_new_root())
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        try:
+            server.stop(timeout=60)
+        finally:
+            if server.root is not None:
+                shutil.rmtree(server.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def docker_server(server_dir: Path) -> Iterator[Server]:
+    """A server on the Docker backend (skipped without an engine, like docker_engine)."""
+    problem = docker_problem()
+    if problem is not None:
+        if os.environ.get("ASYNCSANDBOX_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"Docker is required (ASYNCSANDBOX_REQUIRE_DOCKER=1): {problem}")
+        pytest.skip(problem)
+    server = Server(
+        server_dir / "docker",
+        "--backend-option",
+        f"default_image={docker_test_image()}",
+        backend="docker",
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _create(client: httpx.Client, **body: Any) -> str:
+    response = client.post("/v1/sandboxes", json=body)
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+def _heartbeat(path: str) -> list[str]:
+    return ["sh", "-c", f"echo started; while true; do echo x >> {path}; sleep 0.05; done"]
+
+
+def _expect_started(line: str) -> None:
+    frame = wire.decode_frame(line.encode())
+    assert isinstance(frame, wire.OutputFrame), line
+    assert frame.data == b"started\n"
+
+
+def _grows(client: httpx.Client, sandbox_id: str, path: str) -> bool:
+    """Whether a process still appends to ``path`` (its size changes within 0.5 s)."""
+
+    def size() -> int:
+        response = client.get(f"/v1/sandboxes/{sandbox_id}/files", params={"path": path})
+        assert response.status_code == 200, response.text
+        return len(response.content)
+
+    before = size()
+    time.sleep(0.5)
+    return size() != before
+
+
+# -- conformance --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
+async def test_conformance_process(process_server: Server, check: Check) -> None:
+    await check.run(process_server.backend())
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("docker_engine")
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
+async def test_conformance_docker(docker_server: Server, check: Check) -> None:
+    # The server's backend is asyncio-only; the client runs on asyncio and trio alike.
+    await check.run(docker_server.backend())
+
+
+async def test_session_by_name_and_environment(
+    process_server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Session("remote") finds the plugin and reads its configuration from the env."""
+    monkeypatch.setenv("ASYNCSANDBOX_BASE_URL", process_server.url)
+    monkeypatch.setenv("ASYNCSANDBOX_API_KEY", ALICE)
+    async with Session("remote", sweep=False) as session:
+        caps = session.backend.capabilities
+        assert caps.async_libraries == {"asyncio", "trio"}
+        assert "process at" in caps.isolation
+        async with session.sandbox() as sb:
+            result = await sb.exec(["python3", "-c", "print(6 * 7)"])
+            assert result.stdout == b"42\n"
+            assert sb.extra(RemoteAttributes.server_backend) == "process"
+            assert sb.extra(RemoteAttributes.base_url) == process_server.url
+    assert ALICE not in repr(session.backend)
+
+
+def test_backend_needs_url_and_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ASYNCSANDBOX_BASE_URL", raising=False)
+    monkeypatch.delenv("ASYNCSANDBOX_API_KEY", raising=False)
+    with pytest.raises(InvalidArgument, match="ASYNCSANDBOX_BASE_URL"):
+        RemoteBackend()
+    with pytest.raises(InvalidArgument, match="ASYNCSANDBOX_API_KEY"):
+        RemoteBackend("http://127.0.0.1:1")
+
+
+async def test_unreachable_server_is_backend_unavailable() -> None:
+    with pytest.raises(BackendUnavailable, match="cannot reach") as info:
+        async with Session(RemoteBackend("http://127.0.0.1:9", ALICE, attempts=2), sweep=False):
+            pass
+    assert info.value.retryable
+    assert not (info.value.__cause__ is None)  # chained, never an httpx error
+
+
+async def test_tls(make_server: Callable[..., Server], tmp_path: Path) -> None:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    await anyio.run_process(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"),
+            *("-addext", "subjectAltName=IP:127.0.0.1"),
+        ]
+    )
+    server = make_server("--tls-cert", str(cert), "--tls-key", str(key))
+    assert server.url.startswith("https://")
+    async with Session(RemoteBackend(server.url, ALICE, verify=str(cert)), sweep=False) as s:
+        assert (await s.run(["echo", "over tls"])).stdout == b"over tls\n"
+    with pytest.raises(BackendUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+        async with Session(RemoteBackend(server.url, ALICE, attempts=1), sweep=False):
+            pass
+
+
+# -- auth and tenancy ---------------------------------------------------------------------
+
+
+def test_missing_and_wrong_keys_answer_401(process_server: Server) -> None:
+    with process_server.client(ALICE) as alice:
+        sandbox_id = _create(alice)
+    calls = [
+        ("GET", "/v1/info", None),
+        ("GET", "/v1/sandboxes", None),
+        ("POST", "/v1/sandboxes", {}),
+        ("GET", f"/v1/sandboxes/{sandbox_id}", None),
+        ("POST", f"/v1/sandboxes/{sandbox_id}/exec", {"argv": ["true"]}),
+        ("DELETE", f"/v1/sandboxes/{sandbox_id}", None),
+    ]
+    for key in (None, "not-a-key-of-anyone-at-all", ALICE[:-1], "Basic " + ALICE):
+        with httpx.Client(base_url=process_server.url) as client:
+            headers = {} if key is None else {"authorization": f"Bearer {key}"}
+            if key is not None and key.startswith("Basic"):
+                headers = {"authorization": key}
+            for method, path, body in calls:
+                response = client.request(method, path, json=body, headers=headers)
+                assert response.status_code == 401, (key, method, path, response.text)
+                assert response.json()["error"]["code"] == "unauthorized"
+                assert response.headers["www-authenticate"].startswith("Bearer")
+    with process_server.client(ALICE) as alice:  # nothing happened to it
+        assert alice.get(f"/v1/sandboxes/{sandbox_id}").status_code == 200
+        assert alice.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+    with process_server.client(None) as anonymous:  # open endpoints
+        assert anonymous.get("/v1/health").json()["status"] == "ok"
+        assert anonymous.get("/openapi.json").json()["openapi"].startswith("3.")
+        assert anonymous.get("/metrics").status_code == 200
+
+
+async def test_wrong_key_through_the_backend(process_server: Server) -> None:
+    with pytest.raises(BackendUnavailable, match="refused the API key") as info:
+        async with Session(process_server.backend("wrong-key-0123456789")(), sweep=False):
+            pass
+    assert not info.value.retryable
+
+
+def test_tenants_see_and_touch_only_their_own(process_server: Server) -> None:
+    with process_server.client(ALICE) as alice, process_server.client(BOB) as bob:
+        mine = _create(alice, labels={"who": "alice"})
+        theirs = _create(bob, labels={"who": "bob"})
+        assert alice.put(
+            f"/v1/sandboxes/{mine}/files", params={"path": "secret.txt"}, content=b"alice's"
+        ).is_success
+        listed = bob.get("/v1/sandboxes").json()["items"]
+        assert mine not in {item["id"] for item in listed}
+        assert theirs in {i["id"] for i in listed}
+        assert bob.get("/v1/sandboxes", params={"label": "who=alice"}).json()["items"] == []
+        base = f"/v1/sandboxes/{mine}"
+        attempts = [
+            bob.get(base),
+            bob.post(f"{base}/exec", json={"argv": ["cat", "secret.txt"]}),
+            bob.post(f"{base}/exec/stream", json={"argv": ["cat", "secret.txt"]}),
+            bob.get(f"{base}/files", params={"path": "secret.txt"}),
+            bob.put(f"{base}/files", params={"path": "x"}, content=b"bob was here"),
+            bob.put(f"{base}/archive", params={"path": "x"}, content=b""),
+            bob.get(f"{base}/archive", params={"path": "."}),
+            bob.post(f"{base}/lease"),
+            bob.delete(f"{base}/execs/anything"),
+            bob.delete(base),
+        ]
+        unknown = bob.get("/v1/sandboxes/p-000000000000")
+        for response in attempts:
+            assert response.status_code == 404, (response.request.url, response.text)
+            error = response.json()["error"]
+            assert error["code"] == "sandbox_not_found"
+            # Indistinguishable from an id that does not exist at all.
+            assert error["message"].replace(mine, "ID") == unknown.json()["error"][
+                "message"
+            ].replace("p-000000000000", "ID")
+        renewed = bob.post("/v1/leases", json={"ids": [mine, theirs]}).json()
+        assert renewed["missing"] == [mine]
+        assert renewed["renewed"] == [theirs]
+        deleted = bob.request("DELETE", "/v1/sandboxes", params={"label": "who=alice"}).json()
+        assert deleted["ids"] == []
+        # Alice's sandbox is untouched.
+        content = alice.get(f"{base}/files", params={"path": "secret.txt"}).content
+        assert content == b"alice's"
+        assert alice.get(f"{base}/files", params={"path": "x"}).status_code == 404
+        assert bob.delete(f"/v1/sandboxes/{theirs}").status_code == 204
+        assert alice.delete(base).status_code == 204
+
+
+async def test_tenants_through_the_backend(process_server: Server) -> None:
+    async with (
+        Session(process_server.backend(ALICE)(), sweep=False) as alice,
+        Session(process_server.backend(BOB)(), sweep=False) as bob,
+    ):
+        sb = await alice.sandbox(tags=["private"]).start()
+        assert await bob.list(tags=["private"]) == []
+        assert await bob.delete(ids=[str(sb.id)]) == [str(sb.id)]  # "gone" for bob: not found
+        assert [i.id for i in await alice.list(tags=["private"])] == [sb.id]
+        assert (await sb.exec(["true"])).returncode == 0
+
+
+# -- quotas and limits --------------------------------------------------------------------
+
+
+def test_quotas_answer_429(make_server: Callable[..., Server]) -> None:
+    server = make_server("--max-live-per-tenant", "2", "--max-execs-per-tenant", "1")
+    with server.client(ALICE) as alice, server.client(BOB) as bob:
+        first, _ = _create(alice), _create(alice)
+        refused = alice.post("/v1/sandboxes", json={})
+        assert refused.status_code == 429
+        error = refused.json()["error"]
+        assert error["code"] == "quota_exceeded"
+        assert "max_live" in error["message"]
+        assert refused.headers["retry-after"]
+        _create(bob)  # quotas are per tenant
+        with alice.stream(
+            "POST", f"/v1/sandboxes/{first}/exec/stream", json={"argv": _heartbeat("hb")}
+        ) as running:
+            _expect_started(next(running.iter_lines()))
+            busy = alice.post(f"/v1/sandboxes/{first}/exec", json={"argv": ["true"]})
+            assert busy.status_code == 429
+            assert "max_execs" in busy.json()["error"]["message"]
+            assert (
+                alice.get(f"/v1/sandboxes/{first}/files", params={"path": "hb"}).status_code == 429
+            )
+        metrics = alice.get("/metrics").text
+        assert 'quota_rejections_total{tenant="alice",quota="max_live"} 1' in metrics
+
+
+async def test_quota_through_the_backend(make_server: Callable[..., Server]) -> None:
+    server = make_server("--max-live-per-tenant", "1")
+    async with Session(server.backend()(), sweep=False) as session:
+        await session.sandbox().start()
+        with pytest.raises(BackendUnavailable, match="max_live quota is 1") as info:
+            await session.sandbox().start()
+        assert info.value.retryable
+
+
+def test_request_size_limits_answer_413(make_server: Callable[..., Server]) -> None:
+    server = make_server("--max-request-bytes", "4096", "--max-file-bytes", "8192")
+    with server.client(ALICE) as alice:
+        sandbox_id = _create(alice)
+        big = alice.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"argv": ["x" * 5000]})
+        assert big.status_code == 413
+        assert big.json()["error"]["code"] == "request_too_large"
+
+        def chunked() -> Iterator[bytes]:  # no Content-Length: counted while read
+            yield b"x" * 6000
+            yield b"x" * 6000
+
+        response = alice.put(
+            f"/v1/sandboxes/{sandbox_id}/files", params={"path": "f"}, content=chunked()
+        )
+        assert response.status_code == 413
+        ok = alice.put(
+            f"/v1/sandboxes/{sandbox_id}/files", params={"path": "f"}, content=b"y" * 8000
+        )
+        assert ok.status_code == 204
+        garbage = alice.post("/v1/sandboxes", content=b"{not json")
+        assert garbage.status_code == 400
+        assert garbage.json()["error"]["code"] == "invalid_argument"
+
+
+async def test_too_large_through_the_backend(make_server: Callable[..., Server]) -> None:
+    server = make_server("--max-file-bytes", "8192")
+    async with Session(server.backend()(), sweep=False) as session, session.sandbox() as sb:
+        with pytest.raises(InvalidArgument, match="exceeds the server's limit"):
+            await sb.write_file("big", b"z" * 10_000)
+
+
+def test_no_secret_is_logged(make_server: Callable[..., Server]) -> None:
+    server = make_server()
+    with server.client(ALICE) as alice, server.client(BOB[:-2] + "zz") as wrong:
+        sandbox_id = _create(alice)
+        alice.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"argv": ["true"]})
+        assert wrong.get("/v1/sandboxes").status_code == 401
+        alice.delete(f"/v1/sandboxes/{sandbox_id}")
+    assert server.stop() == 0
+    logs = server.logs()
+    assert "remote.auth.failed" in logs
+    assert "POST /v1/sandboxes" in logs
+    for secret in (ALICE, BOB, BOB[:-2] + "zz", ALICE[6:], BOB[4:]):
+        assert secret not in logs
+
+
+# -- cancellation, leases, shutdown -------------------------------------------------------
+
+
+def test_closing_the_exec_stream_kills_the_process(process_server: Server) -> None:
+    with process_server.client(ALICE) as alice:
+        sandbox_id = _create(alice)
+        with alice.stream(
+            "POST", f"/v1/sandboxes/{sandbox_id}/exec/stream", json={"argv": _heartbeat("s.hb")}
+        ) as response:
+            _expect_started(next(response.iter_lines()))
+            time.sleep(0.3)
+        # The connection is closed (the body was not read to its end): the server kills it.
+        time.sleep(0.2)
+        assert not _grows(alice, sandbox_id, "s.hb"), "the command survived the disconnect"
+        alice.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
+async def test_disconnect_during_unary_exec_kills_the_process(process_server: Server) -> None:
+    with process_server.client(ALICE) as alice:
+        sandbox_id = _create(alice)
+    async with httpx.AsyncClient(
+        base_url=process_server.url, headers={"authorization": f"Bearer {ALICE}"}
+    ) as client:
+        with anyio.move_on_after(1.0) as scope:
+            await client.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"argv": _heartbeat("u.hb")})
+        assert scope.cancelled_caught
+    await anyio.sleep(0.2)
+    with process_server.client(ALICE) as alice:
+        grows = await anyio.to_thread.run_sync(_grows, alice, sandbox_id, "u.hb")
+        assert not grows, "the command survived the disconnect"
+        alice.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
+def test_cancel_exec_by_id(process_server: Server) -> None:
+    with process_server.client(ALICE) as alice:
+        sandbox_id = _create(alice)
+        body = {"argv": _heartbeat("c.hb"), "exec_id": "job-1"}
+        with alice.stream("POST", f"/v1/sandboxes/{sandbox_id}/exec/stream", json=body) as run:
+            lines = run.iter_lines()
+            _expect_started(next(lines))
+            with process_server.client(ALICE) as other:
+                assert other.delete(f"/v1/sandboxes/{sandbox_id}/execs/job-1").status_code == 204
+                # Answered once the process tree is gone: nothing writes any more.
+                assert not _grows(other, sandbox_id, "c.hb")
+            last = wire.decode_frame(list(lines)[-1].encode())
+            assert isinstance(last, wire.ErrorFrame)
+            assert last.error.code == "exec_cancelled"
+        # An exec id cancelled before its command arrives is refused when it does.
+        alice.delete(f"/v1/sandboxes/{sandbox_id}/execs/job-2")
+        late = alice.post(
+            f"/v1/sandboxes/{sandbox_id}/exec", json={"argv": ["true"], "exec_id": "job-2"}
+        )
+        assert late.status_code == 409
+        alice.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
+async def test_lease_expiry_reaps_abandoned_sandboxes(make_server: Callable[..., Server]) -> None:
+    server = make_server("--lease", "1", "--max-lease", "5")
+    with server.client(ALICE) as alice:
+        abandoned = _create(alice)
+        busy = _create(alice)
+    async with (
+        Session(server.backend()(), sweep=False) as session,
+        session.sandbox() as kept,
+        httpx.AsyncClient(
+            base_url=server.url, headers={"authorization": f"Bearer {ALICE}"}, timeout=30
+        ) as client,
+    ):
+        # A request in flight keeps its sandbox alive past the lease.
+        long_exec = await client.post(f"/v1/sandboxes/{busy}/exec", json={"argv": ["sleep", "2.5"]})
+        assert long_exec.status_code == 200
+        assert long_exec.json()["returncode"] == 0
+        # The backend renews the lease of the sandbox it holds (every lease/3).
+        await anyio.sleep(1.0)
+        assert (await kept.exec(["true"])).returncode == 0
+        gone = await client.get(f"/v1/sandboxes/{abandoned}")
+        assert gone.status_code == 404
+        await anyio.sleep(2.0)
+        assert (await client.get(f"/v1/sandboxes/{busy}")).status_code == 404
+        assert (await kept.exec(["true"])).returncode == 0
+        assert abandoned not in server.sandbox_dirs()
+        assert busy not in server.sandbox_dirs()
+        metrics = (await client.get("/metrics")).text
+        assert "asyncsandbox_remote_leases_expired_total 2" in metrics
+    assert server.sandbox_dirs() == []
+
+
+async def test_sandbox_removed_on_the_server_is_dead(process_server: Server) -> None:
+    async with Session(process_server.backend()(), sweep=False) as session:
+        sb = await session.sandbox().start()
+        with process_server.client(ALICE) as alice:
+            alice.delete(f"/v1/sandboxes/{sb.id}")  # removed behind the client's back
+        with pytest.raises(SandboxDied, match="not found on the server"):
+            await sb.exec(["true"])
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_sigterm_removes_sandboxes_and_kills_commands(
+    make_server: Callable[..., Server],
+) -> None:
+    server = make_server("--shutdown-grace", "2")
+    marker = f"marker-{uuid.uuid4().hex[:8]}"
+    with server.client(ALICE) as alice:
+        ids = [_create(alice) for _ in range(3)]
+    assert set(server.sandbox_dirs()) == set(ids)
+    async with httpx.AsyncClient(
+        base_url=server.url, headers={"authorization": f"Bearer {ALICE}"}, timeout=60
+    ) as client:
+        body = {"argv": ["sh", "-c", "echo started; exec sleep 600", marker]}
+        async with client.stream("POST", f"/v1/sandboxes/{ids[0]}/exec/stream", json=body) as run:
+            lines = run.aiter_lines()
+            _expect_started(await anext(lines))
+            started = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            status = await anyio.to_thread.run_sync(server.process.wait, 30)
+            elapsed = time.monotonic() - started
+    assert status == 0, server.logs()[-2000:]
+    assert elapsed < 15, f"shutdown took {elapsed:.1f}s"
+    assert server.sandbox_dirs() == [], "sandboxes left after shutdown"
+    leftover = await anyio.run_process(["pgrep", "-f", marker], check=False)
+    assert leftover.stdout == b"", "the command outlived the server"
+    assert "remote.server.stopping" in server.logs()
+
+
+def test_sigterm_keep_policy(make_server: Callable[..., Server]) -> None:
+    server = make_server("--on-shutdown", "keep")
+    with server.client(ALICE) as alice:
+        sandbox_id = _create(alice)
+    assert server.stop() == 0
+    assert server.sandbox_dirs() == [sandbox_id], "the keep policy removed the sandbox"
+
+    async def cleanup() -> list[str]:
+        from asyncsandbox._process import ProcessBackend
+
+        assert server.root is not None
+        async with Session(ProcessBackend(root=server.root), sweep=False) as session:
+            return await session.delete(tags=["remote-tenant:alice"])
+
+    assert anyio.run(cleanup) == [sandbox_id]
+
+
+# -- idempotency --------------------------------------------------------------------------
+
+
+def test_idempotent_create(process_server: Server) -> None:
+    key = {"idempotency-key": uuid.uuid4().hex}
+    with process_server.client(ALICE) as alice, process_server.client(BOB) as bob:
+        first = alice.post("/v1/sandboxes", json={"labels": {"k": "v"}}, headers=key)
+        again = alice.post("/v1/sandboxes", json={"labels": {"k": "v"}}, headers=key)
+        assert first.status_code == 201
+        assert again.status_code == 200
+        assert again.headers["idempotent-replayed"] == "true"
+        assert first.json()["id"] == again.json()["id"]
+        listed = alice.get("/v1/sandboxes", params={"label": "k=v"}).json()["items"]
+        assert [item["id"] for item in listed] == [first.json()["id"]]
+        conflict = alice.post("/v1/sandboxes", json={"labels": {"k": "other"}}, headers=key)
+        assert conflict.status_code == 422
+        assert conflict.json()["error"]["code"] == "idempotency_conflict"
+        # Keys are per tenant: the same key is a different create for another tenant.
+        theirs = bob.post("/v1/sandboxes", json={"labels": {"k": "v"}}, headers=key)
+        assert theirs.status_code == 201
+        assert theirs.json()["id"] != first.json()["id"]
+        # Abandoning the key removes its sandbox and refuses the key from then on.
+        assert alice.delete(f"/v1/creates/{key['idempotency-key']}").status_code == 204
+        assert alice.get(f"/v1/sandboxes/{first.json()['id']}").status_code == 404
+        late = alice.post("/v1/sandboxes", json={"labels": {"k": "v"}}, headers=key)
+        assert late.status_code == 409
+        assert late.json()["error"]["code"] == "create_abandoned"
+        bob.delete(f"/v1/sandboxes/{theirs.json()['id']}")
+
+
+async def test_concurrent_retries_create_once(process_server: Server) -> None:
+    key = {"idempotency-key": uuid.uuid4().hex}
+    body = {"labels": {"retry": key["idempotency-key"]}}
+    ids: list[str] = []
+    async with httpx.AsyncClient(
+        base_url=process_server.url, headers={"authorization": f"Bearer {ALICE}"}, timeout=60
+    ) as client:
+
+        async def create() -> None:
+            response = await client.post("/v1/sandboxes", json=body, headers=key)
+            assert response.status_code in (200, 201), response.text
+            ids.append(response.json()["id"])
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(create)
+        assert len(set(ids)) == 1
+        label = f"retry={key['idempotency-key']}"
+        listed = (await client.get("/v1/sandboxes", params={"label": label})).json()["items"]
+        assert [item["id"] for item in listed] == ids[:1]
+        await client.delete(f"/v1/sandboxes/{ids[0]}")
+
+
+# -- wire format ----------------------------------------------------------------------------
+
+
+def test_wire_types_tolerate_unknown_fields_and_frames() -> None:
+    body = b'{"argv": ["true"], "future_field": {"nested": 1}}'
+    assert wire.EXEC.decode(body).argv == ["true"]
+    assert wire.decode_frame(b'{"type": "progress", "percent": 50}') is None
+    frame = wire.decode_frame(b'{"type": "exit", "returncode": 3, "new": true}')
+    assert isinstance(frame, wire.ExitFrame)
+    assert frame.returncode == 3
+    with pytest.raises(msgspec.ValidationError):
+        wire.decode_frame(b'{"type": "exit"}')  # a known frame must be valid
+
+
+def test_unknown_request_fields_are_tolerated(process_server: Server) -> None:
+    with process_server.client(ALICE) as alice:
+        sandbox_id = _create(alice, some_future_option=True, labels={"x": "y"})
+        response = alice.post(
+            f"/v1/sandboxes/{sandbox_id}/exec",
+            json={"argv": ["printf", "%s", "ok"], "priority": "high"},
+        )
+        assert response.json()["stdout"] == "b2s="  # base64 of b"ok"
+        alice.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
+def test_openapi_document(process_server: Server) -> None:
+    with process_server.client(None) as client:
+        document = client.get("/openapi.json").json()
+    assert document["openapi"] == "3.1.0"
+    schemas = document["components"]["schemas"]
+    for name in ("CreateSandbox", "ExecRequest", "ExecResponse", "ErrorResponse", "ExecFrame"):
+        assert name in schemas
+    assert "forbid" not in str(schemas)  # wire types never reject unknown fields
+    paths = document["paths"]
+    assert "post" in paths["/v1/sandboxes/{sandbox_id}/exec/stream"]
+    assert paths["/v1/health"]["get"]["security"] == []
+    generated = openapi(document["info"]["version"])
+    assert document == msgspec.json.decode(msgspec.json.encode(generated))  # what is fuzzed
+
+
+def test_metrics_are_prometheus_text(process_server: Server) -> None:
+    with process_server.client(ALICE) as alice:
+        sandbox_id = _create(alice)
+        alice.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"argv": ["true"]})
+        text = alice.get("/metrics").text
+        alice.delete(f"/v1/sandboxes/{sandbox_id}")
+    assert "# TYPE asyncsandbox_remote_requests_total counter" in text
+    assert re.search(
+        r'asyncsandbox_remote_requests_total\{operation="exec",method="POST",status="200"\} \d+',
+        text,
+    )
+    assert re.search(
+        r'asyncsandbox_remote_request_duration_seconds_bucket\{operation="exec",le="\+Inf"\}', text
+    )
+    assert "asyncsandbox_remote_session_sandboxes_started_total" in text
+    for line in text.splitlines():
+        assert line.startswith("#") or re.fullmatch(r"[a-z_]+(\{.*\})? [0-9.e+-]+", line), line
+
+
+# -- load ---------------------------------------------------------------------------------
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("remote_load", REPO / "bench" / "remote_load.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+async def _load(server: Server, clients: int, rollouts: int) -> None:
+    result = await _bench().run_load(server.url, ALICE, clients=clients, rollouts=rollouts)
+    summary = result.summary()
+    assert summary["errors"] == 0, summary["errors_by_type"]
+    assert summary["completed"] == rollouts
+    assert summary["leftovers"] == 0
+    assert server.sandbox_dirs() == []
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_load_small(make_server: Callable[..., Server]) -> None:
+    """10 clients, 100 rollouts: zero errors and zero leftovers (see bench/remote_load.py)."""
+    await _load(make_server(), clients=10, rollouts=100)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_load_full(make_server: Callable[..., Server]) -> None:
+    """50 clients, 2,000 rollouts: zero errors and zero leftovers."""
+    await _load(make_server("--max-live-per-tenant", "128"), clients=50, rollouts=2000)
+
+
+# -- fuzzing --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(server_dir: Path) -> Iterator[Server]:
+    """A server for the fuzzer: short leases reap what it creates, small quotas bound it."""
+    root = _new_root()
+    server = Server(
+        server_dir / "fuzz",
+        "--lease",
+        "10",
+        "--max-live-per-tenant",
+        "6",
+        root=root,
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+class _FuzzTarget:
+    """A real sandbox of the fuzzing tenant, so generated calls reach past the 404."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.sandbox_id = ""
+        self.calls = 0
+
+    def alive_id(self) -> str:
+        with self.server.client(ALICE) as client:
+            if not self.sandbox_id or client.get(f"/v1/sandboxes/{self.sandbox_id}").is_error:
+                client.request("DELETE", "/v1/sandboxes", params={"label": "fuzz=target"})
+                self.sandbox_id = _create(client, labels={"fuzz": "target"})
+        return self.sandbox_id
+
+
+@pytest.fixture(scope="module")
+def fuzz_target(fuzz_server: Server) -> _FuzzTarget:
+    return _FuzzTarget(fuzz_server)
+
+
+def _fuzz_test() -> Any:
+    import schemathesis
+    from hypothesis import HealthCheck, settings
+    from schemathesis.checks import not_a_server_error
+    from schemathesis.specs.openapi.checks import (
+        content_type_conformance,
+        response_schema_conformance,
+        status_code_conformance,
+    )
+
+    # The document the server serves at /openapi.json (test_openapi_document checks that
+    # they are the same), loaded at collection time: schemathesis's lazy fixture loader
+    # does not work with pytest 9.
+    schema = schemathesis.openapi.from_dict(openapi())
+    schemathesis.serializer.alias("application/x-tar", "application/octet-stream")
+
+    @schema.parametrize()
+    @settings(
+        max_examples=int(os.environ.get("ASYNCSANDBOX_FUZZ_EXAMPLES", "50")),
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=True,
+    )
+    def test_fuzz_api(case: Any, fuzz_target: _FuzzTarget) -> None:
+        """The API fuzzed from its own OpenAPI document: no 5xx, answers as documented."""
+        if "sandbox_id" in (case.path_parameters or {}):
+            fuzz_target.calls += 1
+            if fuzz_target.calls % 2:  # half the calls reach a real sandbox of the tenant
+                case.path_parameters["sandbox_id"] = fuzz_target.alive_id()
+        if isinstance(case.body, dict) and "argv" in case.body:
+            # Generated commands run for real: bound them (a generated `sh` may loop forever).
+            case.body["timeout"] = 2
+            case.body.pop("max_output_bytes", None)
+        response = case.call(
+            base_url=fuzz_target.server.url,
+            headers={"Authorization": f"Bearer {ALICE}"},
+            timeout=60,
+        )
+        case.validate_response(
+            response,
+            checks=[
+                not_a_server_error,
+                status_code_conformance,
+                content_type_conformance,
+                response_schema_conformance,
+            ],
+        )
+
+    return test_fuzz_api
+
+
+test_fuzz_api = _fuzz_test()
