@@ -1,5 +1,9 @@
 """The main job, as users run it today: score model-written programs in parallel sandboxes
-(the reward-function scenario of the RL guides), printing results as they complete."""
+(the reward-function scenario of the RL guides), printing results as they complete.
+
+The programs, the scoring rule and the report lines are shared with
+``examples/reward_function.py``, which runs the guide's five programs through the blocking
+facade (:mod:`asyncsandbox.sync`) the way a TRL reward function would."""
 
 from __future__ import annotations
 
@@ -35,6 +39,8 @@ PROGRAMS = (
     ),
     Program("infinite-loop", "while True:\n    pass\n", "timeout"),
 )
+SEED_PROGRAMS = PROGRAMS[:5]
+"""The RL guide's five toy completions (the demo adds a runaway program)."""
 
 
 @dataclass
@@ -59,17 +65,60 @@ def _last_line(text: str) -> str:
     return lines[-1][:70] if lines else ""
 
 
+def outcome_of(
+    index: int, program: Program, timeout: float, result: ExecResult | BaseException
+) -> Outcome:
+    """What happened to a program's command (its result, or the error it raised), as an
+    outcome and so a reward. Errors other than a timeout or an infrastructure failure are
+    raised again."""
+    if isinstance(result, ExecTimeout):
+        return Outcome(
+            index, program, "timeout", f"killed after {timeout:g}s", result.result.duration
+        )
+    if isinstance(result, InfrastructureError):  # not the program's fault: trainers mask these
+        return Outcome(index, program, "error", f"{type(result).__name__}: {result}", 0.0)
+    if isinstance(result, BaseException):
+        raise result
+    if result.returncode == 0:
+        return Outcome(index, program, "pass", _last_line(result.stdout_text), result.duration)
+    return Outcome(index, program, "fail", _last_line(result.stderr_text), result.duration)
+
+
 async def score(session: Session, index: int, program: Program, timeout: float) -> Outcome:
     """Run one program in a fresh sandbox and turn what happened into a reward."""
     try:
         result: ExecResult = await session.run(["python3", "-c", program.code], timeout=timeout)
-    except ExecTimeout as exc:
-        return Outcome(index, program, "timeout", f"killed after {timeout:g}s", exc.result.duration)
-    except InfrastructureError as exc:  # not the program's fault: an RL trainer masks these
-        return Outcome(index, program, "error", f"{type(exc).__name__}: {exc}", 0.0)
-    if result.returncode == 0:
-        return Outcome(index, program, "pass", _last_line(result.stdout_text), result.duration)
-    return Outcome(index, program, "fail", _last_line(result.stderr_text), result.duration)
+    except (ExecTimeout, InfrastructureError) as exc:
+        return outcome_of(index, program, timeout, exc)
+    return outcome_of(index, program, timeout, result)
+
+
+def progress_line(outcome: Outcome, done: int, total: int) -> str:
+    """The line printed when a program finishes (``done`` of ``total`` so far)."""
+    return (
+        f"  [{done}/{total}] Problem {outcome.index} ({outcome.program.name}): "
+        f"{outcome.status.upper():<7} {outcome.seconds:5.2f}s  {outcome.detail}"
+    )
+
+
+def summary_lines(outcomes: list[Outcome], rule: str) -> list[str]:
+    """The summary: every program in original order, then total reward and pass rate."""
+    lines = []
+    for outcome in sorted(outcomes, key=lambda o: o.index):
+        check = "OK" if outcome.as_expected else f"UNEXPECTED (wanted {outcome.program.expected})"
+        lines.append(
+            f"  Problem {outcome.index} ({outcome.program.name}): reward={outcome.reward:.1f} "
+            f"[{outcome.status.upper()}] {check}"
+        )
+    total = sum(o.reward for o in outcomes)
+    passed = sum(o.status == "pass" for o in outcomes)
+    count = len(outcomes)
+    lines += [
+        rule,
+        f"Total reward: {total:.1f}/{count}",
+        f"Pass rate: {passed}/{count} ({passed / max(count, 1):.0%})",
+    ]
+    return lines
 
 
 async def run_demo(
@@ -98,30 +147,14 @@ async def run_demo(
             for i, p in enumerate(PROGRAMS)
         ]
         async for op in asyncsandbox.as_completed(ops):
-            outcome: Outcome = op.result()
-            outcomes.append(outcome)
-            label = outcome.status.upper()
-            print(
-                f"  [{len(outcomes)}/{len(PROGRAMS)}] Problem {outcome.index} ({outcome.program.name}): "
-                f"{label:<7} {outcome.seconds:5.2f}s  {outcome.detail}",
-                file=out,
-            )
+            outcomes.append(op.result())
+            print(progress_line(outcomes[-1], len(outcomes), len(PROGRAMS)), file=out)
         stats = session.statistics()
     print(rule, file=out)
     print("\nSummary (original order):", file=out)
     print(rule, file=out)
-    for outcome in sorted(outcomes, key=lambda o: o.index):
-        check = "OK" if outcome.as_expected else f"UNEXPECTED (wanted {outcome.program.expected})"
-        print(
-            f"  Problem {outcome.index} ({outcome.program.name}): reward={outcome.reward:.1f} "
-            f"[{outcome.status.upper()}] {check}",
-            file=out,
-        )
-    print(rule, file=out)
-    total = sum(o.reward for o in outcomes)
-    passed = sum(o.status == "pass" for o in outcomes)
-    print(f"Total reward: {total:.1f}/{len(PROGRAMS)}", file=out)
-    print(f"Pass rate: {passed}/{len(PROGRAMS)} ({passed / len(PROGRAMS):.0%})", file=out)
+    for line in summary_lines(outcomes, rule):
+        print(line, file=out)
     print(
         f"Sandboxes: {stats.sandboxes_started} started, {stats.sandboxes_removed} removed, "
         f"peak {stats.live.peak_active} live",
