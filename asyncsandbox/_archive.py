@@ -166,6 +166,35 @@ def _replace(target: Path) -> None:
 
 def _unpack_sync(reader: _ChunkReader, dest: Path) -> None:
     dest = dest.absolute()
+    links: list[Path] = []
+    try:
+        _extract(reader, dest, links)
+    finally:
+        _check_links(dest, links)
+
+
+def _check_links(dest: Path, links: list[Path]) -> None:
+    """Each link passed ``_link_inside`` when it was made, but that check is lexical: a chain
+    of links that are each inside (``a -> .``, ``b -> a/..``) can resolve outside. Once the
+    tree is complete, resolve every link we made and remove those that lead out."""
+    root = os.path.realpath(dest)
+    escaping = []
+    for link in links:
+        if not link.is_symlink():
+            continue  # replaced by a later member
+        resolved = os.path.realpath(link)
+        if resolved != root and not resolved.startswith(root + os.sep):
+            link.unlink()
+            escaping.append(f"{link.relative_to(dest)} -> {resolved}")
+    if escaping:
+        raise SandboxFileError(
+            FileErrorReason.INVALID_PATH,
+            str(dest),
+            "symlinks resolving outside the destination were removed: " + ", ".join(escaping),
+        )
+
+
+def _extract(reader: _ChunkReader, dest: Path, links: list[Path]) -> None:
     fileobj = cast("IO[bytes]", reader)  # in stream mode tarfile only calls read()
     with tarfile.open(fileobj=fileobj, mode="r|", bufsize=CHUNK) as tar:
         for member in tar:
@@ -198,6 +227,7 @@ def _unpack_sync(reader: _ChunkReader, dest: Path) -> None:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 _replace(target)
                 os.symlink(member.linkname, target)
+                links.append(target)
             elif member.islnk() and name:
                 source_path = _safe_target(dest, member.linkname.lstrip("/").partition("/")[2])
                 if source_path.is_symlink() or not source_path.is_file():

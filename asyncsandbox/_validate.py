@@ -102,7 +102,7 @@ def tags(value: object) -> tuple[str, ...]:
         raise InvalidArgument(f"tags must be a sequence of strings, not a single string: {value!r}")
     if not isinstance(value, Sequence | set | frozenset):
         raise InvalidArgument(f"tags must be a sequence of strings, got {value!r}")
-    out: list[str] = []
+    out: dict[str, None] = {}  # ordered and O(1) membership: a huge tag set fails fast
     for tag in value:
         if not isinstance(tag, str) or not tag:
             raise InvalidArgument(f"each tag must be a non-empty str, got {tag!r}")
@@ -110,10 +110,9 @@ def tags(value: object) -> tuple[str, ...]:
             raise InvalidArgument(f"tag longer than {MAX_TAG_LENGTH} characters: {tag[:40]!r}...")
         if not tag.isprintable() or any(c in tag for c in "\n\r\t\x00,="):
             raise InvalidArgument(f"tag has a forbidden character (control, ',' or '='): {tag!r}")
-        if tag not in out:
-            out.append(tag)
-    if len(out) > MAX_TAGS:
-        raise InvalidArgument(f"at most {MAX_TAGS} tags per sandbox, got {len(out)}")
+        out[tag] = None
+        if len(out) > MAX_TAGS:
+            raise InvalidArgument(f"at most {MAX_TAGS} tags per sandbox, got {len(value)}")
     return tuple(out)
 
 

@@ -460,6 +460,11 @@ class Executor:
             if remaining <= 0:
                 return  # the sandbox's max lifetime is over
             for key, _ in self.selector.select(min(remaining, 3600.0)):
+                if self.selector.get_map().get(key.fd) is not key:
+                    # Handling an earlier event of this batch closed (and maybe reused) the
+                    # fd: this event is stale. Reading it would fail (EBADF) or read another
+                    # job's pipe. Still registered fds are reported again by the next select.
+                    continue
                 if key.fd == 0:
                     if not self.on_host_frames():
                         return

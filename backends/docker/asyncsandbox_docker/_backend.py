@@ -619,6 +619,13 @@ class DockerSandbox(ShellFiles, SandboxHandle):
         if code == 126 and first is not None and b"OCI runtime exec failed" in first:
             raise await self._died(SandboxDied(self._name, first.decode(errors="replace").strip()))
         oom = code == 137 and await backend._oom_after(self._name, oom_before)
+        if code >= 128 and not oom:
+            # Killed by a signal: maybe with its whole container (`docker kill`, a daemon
+            # restart). That is the sandbox's death, not the command's outcome.
+            probe = SandboxDied(self._name, "the container stopped while the command ran")
+            died = await self._died(probe)
+            if died is not probe:
+                raise died
         return ExitStatus(returncode=int(code), oom_killed=oom)
 
     async def _kill(self, token: str) -> bool:

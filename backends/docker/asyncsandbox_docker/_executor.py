@@ -207,7 +207,16 @@ class Executor:
             raise self.broken()
         try:
             async with self._write_lock:
-                await stream.write_in(FRAME.pack(kind, job_id, len(payload)) + payload)
+                # Shielded (bounded by the call deadline): a frame cut short by a
+                # cancellation would corrupt the stream for every job of the sandbox.
+                with (
+                    anyio.CancelScope(shield=True),
+                    anyio.move_on_after(self._engine.call_deadline) as scope,
+                ):
+                    await stream.write_in(FRAME.pack(kind, job_id, len(payload)) + payload)
+                if scope.cancelled_caught:
+                    self._failure = "writing to the executor timed out"
+                    raise self.broken()
         except (aiohttp.ClientError, OSError, RuntimeError) as exc:
             raise BackendUnavailable(
                 f"writing to sandbox {self._sandbox_id}'s executor failed: {exc}"
@@ -228,26 +237,39 @@ class Executor:
         send, receive = anyio.create_memory_object_stream[tuple[int, bytes]](64)
         self._jobs[job_id] = send
         job = Job(self, job_id, receive)
+        sent = False
         try:
             spec = {"argv": list(argv), "cwd": cwd, "env": dict(env), "stdin": stdin}
             await self._send(START, job_id, json.dumps(spec).encode())
+            sent = True
             yield job
         finally:
-            if job.status is None and self.usable:
-                # Shielded and bounded: the command's tree must die before we leave.
-                with (
-                    anyio.CancelScope(shield=True),
-                    anyio.move_on_after(KILL_DEADLINE) as scope,
-                    contextlib.suppress(SandboxError),
-                ):
-                    await self._send(KILL, job_id)
-                    await job.wait()
-                if scope.cancelled_caught:
-                    self._failure = "a command could not be killed"
-                    raise SandboxDied(self._sandbox_id, "lost: the executor did not kill a command")
-            del self._jobs[job_id]
-            send.close()
-            receive.close()
+            try:
+                # Not sent (cancelled while waiting to write): the executor never heard of
+                # the job, and would never answer a KILL for it.
+                if sent and job.status is None and self.usable:
+                    # Shielded and bounded: the command's tree must die before we leave.
+                    with (
+                        anyio.CancelScope(shield=True),
+                        anyio.move_on_after(KILL_DEADLINE) as scope,
+                        contextlib.suppress(SandboxError),
+                    ):
+                        await self._send(KILL, job_id)
+                        await job.wait()
+                    if scope.cancelled_caught:
+                        self._failure = "a command could not be killed"
+                        # The executor no longer answers: wake every other job waiting on
+                        # it (their channels end, and they fail) instead of leaving them
+                        # hanging.
+                        for channel in list(self._jobs.values()):
+                            channel.close()
+                        raise SandboxDied(
+                            self._sandbox_id, "lost: the executor did not kill a command"
+                        )
+            finally:  # also when raising SandboxDied: the job's channels must not leak
+                del self._jobs[job_id]
+                send.close()
+                receive.close()
 
     async def exec(
         self,
