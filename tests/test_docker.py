@@ -11,6 +11,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import anyio.to_thread
@@ -109,6 +110,42 @@ async def test_signals_are_reported_on_the_fast_path() -> None:
         exited = await sb.exec(["sh", "-c", "exit 137"])
     assert (killed.returncode, killed.signal) == (137, 9)
     assert (exited.returncode, exited.signal) == (137, None)
+
+
+def executor_fds(container_id: str) -> tuple[int, float]:
+    """Open fds and CPU seconds of a container's executor (the child of Docker's init)."""
+    init = subprocess.run(
+        ["docker", "inspect", "--format", "{{.State.Pid}}", container_id],
+        capture_output=True, text=True, check=True, timeout=30,
+    ).stdout.strip()  # fmt: skip
+    proc = Path("/proc")
+    children = (proc / init / "task" / init / "children").read_text().split()
+    executor = next(p for p in children if b"serve" in (proc / p / "cmdline").read_bytes())
+    ticks = (proc / executor / "stat").read_text().rsplit(")", 1)[1].split()[11:13]
+    cpu = sum(map(int, ticks)) / os.sysconf("SC_CLK_TCK")
+    return len(os.listdir(proc / executor / "fd")), cpu
+
+
+async def test_executor_releases_every_job_and_idles() -> None:
+    """Concurrent commands with output (whose status and output pipes reach EOF in any
+    order) leave the executor with no fd behind, and an idle executor uses no CPU."""
+    async with session(unique()) as s, s.sandbox() as sb:
+        container = sb.extra(DockerAttributes.container_id)
+        baseline, _ = await anyio.to_thread.run_sync(executor_fds, container)
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+
+                async def worker() -> None:
+                    for _ in range(10):
+                        result = await sb.exec(["python3", "-c", "print(sum(range(1000)))"])
+                        assert result.stdout == b"499500\n"
+
+                tg.start_soon(worker)
+        fds, cpu = await anyio.to_thread.run_sync(executor_fds, container)
+        await anyio.sleep(1.0)
+        _, later = await anyio.to_thread.run_sync(executor_fds, container)
+    assert fds == baseline
+    assert later - cpu < 0.1, "the idle executor keeps polling"
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])

@@ -288,8 +288,8 @@ class Job:
     def __init__(self, pid: int, out: int, err: int, status: int, stdin: Optional[int]) -> None:
         self.pid = pid
         self.streams = {out: STDOUT, err: STDERR}
-        self.status_fd = status
-        self.status: Optional[bytes] = None
+        self.status_fd: Optional[int] = status
+        self.status: Optional[bytes] = None  # complete once status_fd is None (EOF)
         self.stdin = stdin
         self.pending = bytearray()  # stdin waiting for the command to read it
         self.stdin_eof = False
@@ -394,7 +394,9 @@ class Executor:
 
     def finish_if_done(self, job_id: int) -> None:
         job = self.jobs[job_id]
-        if job.streams or job.status is None:
+        # Done when the output pipes and the status pipe have all reached EOF: a job removed
+        # with one of them still registered would leave an fd that polls ready forever.
+        if job.streams or job.status_fd is not None:
             return
         os.waitpid(job.pid, 0)
         if job.stdin is not None:
@@ -402,7 +404,7 @@ class Executor:
                 self.selector.unregister(job.stdin)
             os.close(job.stdin)
         del self.jobs[job_id]
-        self.send(EXIT, job_id, job.status)
+        self.send(EXIT, job_id, job.status or b"")  # empty: the shepherd died unheard
 
     def on_host_frames(self) -> bool:
         data = os.read(0, 1 << 18)
@@ -441,6 +443,7 @@ class Executor:
                 return
             self.selector.unregister(fd)
             os.close(fd)
+            job.status_fd = None
         elif data:
             self.send(job.streams[fd], job_id, data)
             return
