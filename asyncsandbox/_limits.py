@@ -65,7 +65,10 @@ class Limiter:
 
         Cancellation: a cancelled wait takes no slot.
         """
-        if self._semaphore is not None:
+        if self._semaphore is not None and not (
+            # A free slot and nobody queued before us (FIFO): take it without waiting.
+            self._waiting == 0 and self._semaphore.value > 0
+        ):
             started = anyio.current_time()
             self._waiting += 1
             try:
@@ -80,6 +83,8 @@ class Limiter:
             self._wait_max = max(self._wait_max, waited)
             if self._on_wait is not None:
                 self._on_wait(waited)
+        elif self._semaphore is not None:
+            self._semaphore.acquire_nowait()
         self._active += 1
         self._acquired += 1
         self._peak = max(self._peak, self._active)

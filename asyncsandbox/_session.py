@@ -10,7 +10,7 @@ import random
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from types import TracebackType
 from typing import Any, Self, TypeVar, final
 
@@ -625,10 +625,8 @@ class Session:
                 tg.start_soon(remove, sandbox_id)
         return removed
 
-    @asynccontextmanager
-    async def _exec_slot(self) -> AsyncIterator[None]:
-        async with self._execs.slot():
-            yield
+    def _exec_slot(self) -> AbstractAsyncContextManager[None]:
+        return self._execs.slot()
 
     def _exec_finished(
         self, sandbox: Sandbox, result: ExecResult | None, error: BaseException | None
