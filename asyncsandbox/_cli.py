@@ -30,7 +30,9 @@ def _configure_logging(verbosity: int) -> None:
     )
 
 
-def _backend_options(pairs: Sequence[str]) -> dict[str, Any]:
+def backend_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``--backend-option KEY=VALUE`` pairs as keyword arguments (values parsed as JSON
+    when they are: numbers, booleans, null). Also used by ``asyncsandbox serve``."""
     options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -46,7 +48,7 @@ def _backend_options(pairs: Sequence[str]) -> dict[str, Any]:
 def _session(args: argparse.Namespace, **defaults: Any) -> Session:
     return Session(
         args.backend,
-        backend_options=_backend_options(args.backend_option),
+        backend_options=backend_options(args.backend_option),
         defaults=SandboxDefaults(**defaults),
         sweep=False,
     )
@@ -72,7 +74,7 @@ async def _cmd_demo(args: argparse.Namespace) -> int:
     from ._demo import run_demo
 
     return await run_demo(
-        args.backend, timeout=args.timeout, backend_options=_backend_options(args.backend_option)
+        args.backend, timeout=args.timeout, backend_options=backend_options(args.backend_option)
     )
 
 

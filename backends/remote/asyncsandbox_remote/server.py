@@ -20,18 +20,18 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import logging
 import signal
 import socket
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import TextIO
 
 import anyio
 import msgspec
 
 from asyncsandbox import Limits, SandboxError, Timeouts
+from asyncsandbox._cli import backend_options
 from asyncsandbox.abc import Backend
 
 from ._app import create_app
@@ -179,19 +179,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _options(pairs: Sequence[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--backend-option needs KEY=VALUE, got {pair!r}")
-        try:
-            options[key] = json.loads(value)
-        except ValueError:
-            options[key] = value
-    return options
-
-
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """A :class:`ServerConfig` from parsed command-line arguments."""
     host, sep, port = args.listen.rpartition(":")
@@ -199,7 +186,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise SystemExit(f"--listen needs HOST:PORT, got {args.listen!r}")
     return ServerConfig(
         backend=args.backend,
-        backend_options=_options(args.backend_option),
+        backend_options=backend_options(args.backend_option),
         host=host or "127.0.0.1",
         port=int(port),
         tls_cert=args.tls_cert,
