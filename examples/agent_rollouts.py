@@ -469,9 +469,8 @@ def _log_wandb(values: dict[str, float], step: int) -> None:
         run.log(values, step=step)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    _support.add_backend_arguments(parser)
+def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--policy`` and the options of an OpenAI-compatible endpoint (also swe_task_env.py's)."""
     parser.add_argument("--policy", choices=["scripted", "openai"], required=True)
     parser.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL"))
     parser.add_argument("--model", default=None, help="model name at --base-url")
@@ -479,6 +478,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--api-key-env", default="OPENAI_API_KEY", help="environment variable with the API key"
     )
     parser.add_argument("--temperature", type=float, default=1.0)
+
+
+def check_policy_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.policy == "openai" and not (args.base_url and args.model):
+        parser.error("--policy openai needs --base-url (or $OPENAI_BASE_URL) and --model")
+
+
+def endpoint_policy(args: argparse.Namespace) -> OpenAIPolicy:
+    """The ``--policy openai`` endpoint the arguments name."""
+    return OpenAIPolicy(
+        base_url=args.base_url,
+        model=args.model,
+        api_key=os.environ.get(args.api_key_env),
+        temperature=args.temperature,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    _support.add_backend_arguments(parser)
+    add_policy_arguments(parser)
     parser.add_argument("--problems", type=Path, default=PROBLEMS, help="MBPP-format JSONL")
     parser.add_argument("--num-problems", type=int, default=None, help="default: all")
     parser.add_argument("--trajectories-per-problem", type=int, default=2)
@@ -488,8 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None, help="write trajectories here")
     parser.add_argument("--wandb-project", default=None, help="start a W&B run in this project")
     args = parser.parse_args(argv)
-    if args.policy == "openai" and not (args.base_url and args.model):
-        parser.error("--policy openai needs --base-url (or $OPENAI_BASE_URL) and --model")
+    check_policy_arguments(parser, args)
     _support.configure_logging(args.verbose)
 
     problems = load_problems(args.problems, args.num_problems)
@@ -507,12 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wandb.init(project=args.wandb_project, config={k: str(v) for k, v in vars(args).items()})
     make_policy: Callable[[Problem, int], Policy] = scripted_policies
     if args.policy == "openai":
-        endpoint = OpenAIPolicy(
-            base_url=args.base_url,
-            model=args.model,
-            api_key=os.environ.get(args.api_key_env),
-            temperature=args.temperature,
-        )
+        endpoint = endpoint_policy(args)
 
         def make_policy(problem: Problem, index: int) -> Policy:
             return endpoint  # one endpoint serves every trajectory

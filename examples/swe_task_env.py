@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 import uuid
@@ -58,7 +57,15 @@ from typing import Any, Self
 
 import _support
 import anyio
-from agent_rollouts import Message, OpenAIPolicy, Policy, PolicyError, agent_loop
+from agent_rollouts import (
+    Message,
+    Policy,
+    PolicyError,
+    add_policy_arguments,
+    agent_loop,
+    check_policy_arguments,
+    endpoint_policy,
+)
 
 import asyncsandbox
 from asyncsandbox import (
@@ -436,13 +443,7 @@ async def run(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     _support.add_backend_arguments(parser)
-    parser.add_argument("--policy", choices=["scripted", "openai"], required=True)
-    parser.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL"))
-    parser.add_argument("--model", default=None, help="model name at --base-url")
-    parser.add_argument(
-        "--api-key-env", default="OPENAI_API_KEY", help="environment variable with the API key"
-    )
-    parser.add_argument("--temperature", type=float, default=1.0)
+    add_policy_arguments(parser)
     parser.add_argument("--tasks", type=Path, default=TASKS, help="directory of task directories")
     parser.add_argument("--task", action="append", default=[], help="run only this task")
     parser.add_argument("--attempts", type=int, default=2, help="episodes per task (default 2)")
@@ -451,8 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16, help="sandboxes alive at once")
     parser.add_argument("--output", type=Path, default=None, help="write trajectories here")
     args = parser.parse_args(argv)
-    if args.policy == "openai" and not (args.base_url and args.model):
-        parser.error("--policy openai needs --base-url (or $OPENAI_BASE_URL) and --model")
+    check_policy_arguments(parser, args)
     _support.configure_logging(args.verbose)
 
     tasks = load_tasks(args.tasks, args.task)
@@ -475,12 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     make_policy: Callable[[Task, int], Policy]
     if args.policy == "openai":
-        endpoint = OpenAIPolicy(
-            base_url=args.base_url,
-            model=args.model,
-            api_key=os.environ.get(args.api_key_env),
-            temperature=args.temperature,
-        )
+        endpoint = endpoint_policy(args)
 
         def make_policy(task: Task, attempt: int) -> Policy:
             return endpoint
