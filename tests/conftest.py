@@ -57,8 +57,9 @@ def docker_problem() -> str | None:
     return None
 
 
-@pytest.fixture
-def docker_engine() -> None:
+def require_docker() -> None:
+    """Skip the calling test without a Docker engine; fail it instead when
+    ``ASYNCSANDBOX_REQUIRE_DOCKER=1`` (CI)."""
     import os
 
     problem = docker_problem()
@@ -67,6 +68,11 @@ def docker_engine() -> None:
     if os.environ.get("ASYNCSANDBOX_REQUIRE_DOCKER") == "1":
         pytest.fail(f"Docker is required (ASYNCSANDBOX_REQUIRE_DOCKER=1): {problem}")
     pytest.skip(problem)
+
+
+@pytest.fixture
+def docker_engine() -> None:
+    require_docker()
 
 
 def docker_test_image() -> str:

@@ -24,7 +24,7 @@ from asyncsandbox._process import ProcessBackend
 from asyncsandbox._process._backend import default_root
 from asyncsandbox.abc import Backend
 
-from ..conftest import docker_problem, docker_test_image
+from ..conftest import docker_test_image, require_docker
 from . import _host
 from ._report import REPORT, SEED_ENV
 
@@ -155,15 +155,6 @@ class Target:
             sweep=False,
             report_to=[],
         )
-
-
-def require_docker() -> None:
-    problem = docker_problem()
-    if problem is None:
-        return
-    if os.environ.get("ASYNCSANDBOX_REQUIRE_DOCKER") == "1":
-        pytest.fail(f"Docker is required (ASYNCSANDBOX_REQUIRE_DOCKER=1): {problem}")
-    pytest.skip(problem)
 
 
 def docker_backend(**options: Any) -> Backend:
