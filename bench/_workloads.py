@@ -242,13 +242,28 @@ async def lifecycle_workload(
 ) -> None:
     """Per point: ``count`` sandboxes, each created (to ready) then removed, by
     ``concurrency`` workers."""
+    await _each_point(system, points, progress, "count", _lifecycle_point)
+
+
+Point = Callable[[System, int, int], Awaitable[tuple[dict[str, Any], dict[str, Any]]]]
+
+
+async def _each_point(
+    system: System,
+    points: list[dict[str, Any]],
+    progress: Progress,
+    count_key: str,
+    run_point: Point,
+) -> None:
+    """Run ``run_point(system, concurrency, point[count_key])`` for each point, with the
+    system's statistics delta and leftovers recorded."""
     await system.ready()
     for index, point in enumerate(points):
         progress.start(index)
-        concurrency, count = int(point["concurrency"]), int(point["count"])
+        concurrency, count = int(point["concurrency"]), int(point[count_key])
         _width(system, concurrency)
         before = system.stats()
-        result, samples = await _lifecycle_point(system, concurrency, count)
+        result, samples = await run_point(system, concurrency, count)
         result["system_stats"] = _delta(before, system.stats())
         result["leftovers"] = await system.count_leftovers()
         progress.done(index, result, samples)
@@ -306,17 +321,7 @@ async def rollout_workload(
 ) -> None:
     """Per point: ``rollouts`` rollouts by ``concurrency`` workers; a rollout is create,
     5 runs of the Python command, write a 4 KiB file, read it back, remove."""
-    await system.ready()
-    for index, point in enumerate(points):
-        progress.start(index)
-        concurrency, count = int(point["concurrency"]), int(point["rollouts"])
-        _width(system, concurrency)
-        before = system.stats()
-        result, samples = await _rollout_point(system, concurrency, count)
-        result["system_stats"] = _delta(before, system.stats())
-        result["leftovers"] = await system.count_leftovers()
-        progress.done(index, result, samples)
-        await system.ready()
+    await _each_point(system, points, progress, "rollouts", _rollout_point)
 
 
 async def _rollout_point(
