@@ -400,7 +400,9 @@ def test_quotas_answer_429(make_server: Callable[..., Server]) -> None:
         with alice.stream(
             "POST", f"/v1/sandboxes/{first}/exec/stream", json={"argv": _heartbeat("hb")}
         ) as running:
-            _expect_started(next(running.iter_lines()))
+            # Keep the line iterator: a dropped one closes the connection when collected.
+            lines = running.iter_lines()
+            _expect_started(next(lines))
             busy = alice.post(f"/v1/sandboxes/{first}/exec", json={"argv": ["true"]})
             assert busy.status_code == 429
             assert "max_execs" in busy.json()["error"]["message"]
@@ -476,7 +478,8 @@ def test_closing_the_exec_stream_kills_the_process(process_server: Server) -> No
         with alice.stream(
             "POST", f"/v1/sandboxes/{sandbox_id}/exec/stream", json={"argv": _heartbeat("s.hb")}
         ) as response:
-            _expect_started(next(response.iter_lines()))
+            lines = response.iter_lines()
+            _expect_started(next(lines))
             time.sleep(0.3)
         # The connection is closed (the body was not read to its end): the server kills it.
         time.sleep(0.2)
