@@ -32,13 +32,17 @@ _STDERR_REASONS = (
     ("Operation not permitted", FileErrorReason.PERMISSION),
 )
 # $1 is always the path; LC_ALL=C keeps error messages parseable.
+# Only regular files are opened: a FIFO would block the open forever, a device (/dev/zero)
+# would never end. READ refuses them; WRITE replaces them with the file.
 READ = (
     '[ -d "$1" ] && exit 21; [ -e "$1" ] || exit 22; '
+    '[ -f "$1" ] || { echo "not a regular file" >&2; exit 1; }; '
     's=$(stat -L -c %s -- "$1") || exit 1; [ "$s" -gt "$2" ] && exit 23; exec cat -- "$1"'
 )
 WRITE = (
     '[ -d "$1" ] && exit 21; d=$(dirname -- "$1"); '
     'if [ ! -d "$d" ]; then mkdir -p -- "$d" || exit 24; fi; '
+    'if [ -e "$1" ] && [ ! -f "$1" ]; then rm -f -- "$1" || exit 1; fi; '
     'cat > "$1" && chmod "$2" -- "$1"'
 )
 PUT_ARCHIVE = 'mkdir -p -- "$1" && exec tar -x -f - -C "$1" --no-same-owner --no-overwrite-dir'

@@ -11,6 +11,7 @@ import os
 import tarfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -290,6 +291,41 @@ async def test_symlink_escapes(target: Target, canary: Path, tmp_path: Path) -> 
         else:
             REPORT.input("upload_traversal", target.name, "inside the sandbox")
     assert target.leftovers() == []
+
+
+async def test_special_files(target: Target, tmp_path: Path) -> None:
+    """FIFOs the program left where the caller reads or writes, and devices that never end:
+    a FIFO's open blocks until a peer shows up, /dev/zero never reaches EOF. Every file
+    operation answers at once (refused, or the FIFO replaced by the file), never a hang."""
+    async with target.session() as s, s.sandbox() as sb:
+        made = await sb.exec(["sh", "-c", "mkdir -p d && mkfifo pipe d/pipe"], timeout=30)
+        assert made.returncode == 0, made.stderr
+        with anyio.fail_after(30):
+            for name, path in [
+                ("read_fifo", "pipe"),
+                ("read_dev_zero", "/dev/zero"),
+                ("read_dev_urandom", "/dev/urandom"),
+            ]:
+                await expect_error(name, target.name, partial(sb.read_file, path), SandboxFileError)
+            await sb.write_file("pipe", b"data")
+            assert await sb.read_file("pipe") == b"data"
+            REPORT.input("write_over_fifo", target.name, "replaced by the file")
+            upload = tmp_path / "upload.txt"
+            upload.write_text("uploaded")
+            await sb.upload(upload, "d/pipe")
+            assert await sb.read_file("d/pipe") == b"uploaded"
+            REPORT.input("upload_over_fifo", target.name, "replaced by the file")
+            await sb.exec(["mkfifo", "d/pipe2"], timeout=30)
+            dest = tmp_path / "dest"
+            await expect_error(
+                "download_fifo_tree", target.name, lambda: sb.download("d", dest), SandboxFileError
+            )
+    assert await anyio.to_thread.run_sync(_fifos, tmp_path) == []
+    assert target.leftovers() == []
+
+
+def _fifos(path: Path) -> list[Path]:
+    return [p for p in path.rglob("*") if p.is_fifo()]
 
 
 def blocks_used(path: Path) -> int:
