@@ -184,6 +184,7 @@ class FakeProcess:
         self._sandbox = sandbox
         self._on_output = on_output
         self._tree = tree
+        self.spawned = False
 
     async def write(self, stream: Stream, data: bytes) -> None:
         if data:
@@ -212,6 +213,7 @@ class FakeProcess:
             with contextlib.suppress(Exception):  # a crashing child does not fail its parent
                 await func()
 
+        self.spawned = True
         self._tree.start_soon(child)
 
 
@@ -493,8 +495,9 @@ class _FakeSandbox(SandboxHandle):
                     }
                     process = FakeProcess(self, argv, cwd, full_env, stdin or b"", on_output, tree)
                     returncode = await command(process)
+                    if process.spawned:  # (cancelling costs, and a lone command has no child)
+                        tree.cancel_scope.cancel()
                 finally:
-                    tree.cancel_scope.cancel()
                     self._trees.discard(tree.cancel_scope)
         self._check()
         if returncode is None:  # its tree was killed by remove()
