@@ -159,6 +159,7 @@ def test_wandb_offline_run_receives_the_metrics(
         anyio.run(train)
     finally:
         run.finish()
+        wandb.teardown()  # waits for the W&B service to close the run's files
     # The run's offline log (protobuf records) holds what it was given.
     files = list(Path(str(tmp_path)).rglob("*.wandb"))
     assert len(files) == 1
