@@ -148,6 +148,35 @@ async def test_executor_releases_every_job_and_idles() -> None:
     assert later - cpu < 0.1, "the idle executor keeps polling"
 
 
+async def test_a_slow_reader_is_not_a_stalled_executor() -> None:
+    """A file operation gives up on an executor silent for a call deadline; frames held up
+    behind a command whose output nobody reads for longer than that are not silence."""
+    tag = unique()
+    s = Session(
+        DockerBackend(default_image=IMAGE, call_deadline=2),
+        defaults=SandboxDefaults(tags=(tag,)),
+        sweep=False,
+    )
+    async with s, s.sandbox() as sb:
+        await sb.write_file("f", b"content")
+        async with sb.exec_stream(["yes"], timeout=60) as flood:
+            await anyio.sleep(1)  # nobody reads the flood: the executor's frames queue up
+            async with anyio.create_task_group() as tg:
+                read: list[bytes] = []
+
+                async def reader() -> None:
+                    read.append(await sb.read_file("f"))
+
+                tg.start_soon(reader)
+                await anyio.sleep(5)  # the read's answer waits behind the flood
+                assert not read
+                async for _ in flood:
+                    if read:
+                        break
+            assert read == [b"content"]
+        assert (await sb.exec(["true"])).returncode == 0
+
+
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_refuses_trio_with_a_clear_error() -> None:
     with pytest.raises(InvalidArgument, match=r"does not run on trio.*asyncio.*'process'"):

@@ -2,8 +2,7 @@
 
 Tests record into the one :data:`REPORT`; ``conftest.pytest_sessionfinish`` writes it as
 JSON to ``tests/torture/last-report.json`` (or ``$ASYNCSANDBOX_TORTURE_REPORT``). The
-goal is ``lost == 0``: losses found by tests that demonstrate a known library bug
-(strict xfail) are listed apart, under ``known_bug_losses``.
+goal is ``lost == 0``; tests of known bugs (strict xfail) are listed under ``known_bugs``.
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ class Report:
     cancellations: list[dict[str, Any]] = field(default_factory=list)
     loads: list[dict[str, Any]] = field(default_factory=list)
     losses: list[dict[str, str]] = field(default_factory=list)
-    known_bug_losses: list[dict[str, str]] = field(default_factory=list)
     tests: dict[str, dict[str, str]] = field(default_factory=dict)
     seeds: set[int] = field(default_factory=set)
 
@@ -69,10 +67,9 @@ class Report:
     def load(self, target: str, **summary: Any) -> None:
         self.loads.append({"target": target, **summary})
 
-    def lost(self, test: str, kind: str, detail: str, *, known_bug: bool) -> None:
-        """Something was left behind (a process, a sandbox, a container, a file)."""
-        entry = {"test": test, "kind": kind, "detail": detail}
-        (self.known_bug_losses if known_bug else self.losses).append(entry)
+    def lost(self, test: str, kind: str, detail: str) -> None:
+        """Something was lost or left behind (an operation, a process, a sandbox, a file)."""
+        self.losses.append({"test": test, "kind": kind, "detail": detail})
 
     def outcome(self, nodeid: str, outcome: str, reason: str = "") -> None:
         self.tests[nodeid] = {"outcome": outcome, **({"reason": reason} if reason else {})}
@@ -98,7 +95,6 @@ class Report:
             "faults_injected": faults,
             "operations_cancelled": cancelled,
             "lost": len(self.losses) + lost_ops,
-            "known_bug_losses": len(self.known_bug_losses),
             "tests": dict(sorted(outcomes.items())),
         }
 
@@ -130,7 +126,6 @@ class Report:
             "cancellation_storms": self.cancellations,
             "load_with_chaos": self.loads,
             "lost": self.losses,
-            "known_bug_losses": self.known_bug_losses,
             "known_bugs": sorted(
                 {t["reason"] for t in self.tests.values() if t["outcome"] == "xfailed"}
             ),

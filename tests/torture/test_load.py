@@ -154,7 +154,7 @@ async def test_load_with_chaos(
         rss_growth_mib=peak >> 20,
     )
     for i in lost:
-        REPORT.lost("test_load_with_chaos", "rollout", f"{target_name} #{i}", known_bug=False)
+        REPORT.lost("test_load_with_chaos", "rollout", f"{target_name} #{i}")
     assert lost == [], f"rollouts without an outcome: {lost[:20]}"
     assert duplicated == [], f"rollouts with two outcomes: {duplicated[:20]}"
     assert left == [], f"left behind: {left[:5]}"

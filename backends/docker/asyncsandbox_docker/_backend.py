@@ -448,7 +448,7 @@ class DockerSandbox(ShellFiles, SandboxHandle):
             return SandboxDied(self._name, "removed")
         if isinstance(error, SandboxDied) and error.reason.startswith("lost"):
             return error
-        if not isinstance(error, SandboxDied | BackendUnavailable):
+        if not isinstance(error, SandboxDied | BackendUnavailable) or self._engine.wedged:
             return error
         try:
             data = await self._engine.call(

@@ -46,6 +46,8 @@ class Engine:
         self.call_deadline = call_deadline
         self._max_connections = max_connections
         self._docker: aiodocker.Docker | None = None
+        self.wedged = False
+        """Whether the last ``info`` went unanswered (asking the daemon more is pointless)."""
 
     @property
     def docker(self) -> aiodocker.Docker:
@@ -85,7 +87,9 @@ class Engine:
                 result: dict[str, Any] = await self.docker._query_json("info")
             except aiodocker.DockerError as exc:
                 raise _translate(exc, "info") from exc
+            self.wedged = False
             return result
+        self.wedged = True
         raise BackendUnavailable(
             f"the Docker daemon ({self.docker.docker_host}) did not answer `info` within "
             f"{deadline:g}s: it is overloaded or wedged (Docker 20.10: moby/moby#46661; "

@@ -94,7 +94,13 @@ class Job:
 
 
 class ShellJob:
-    """A :class:`Job` seen as the ``ShellProcess`` that ``ShellFiles`` expects."""
+    """A :class:`Job` seen as the ``ShellProcess`` that ``ShellFiles`` expects.
+
+    File operations have no deadline (they may move gigabytes), but their scripts are never
+    silent for long: when nothing at all came from the executor for a call deadline while
+    one waits, the executor (or the daemon relaying it) has stalled, and waiting longer
+    would wait forever.
+    """
 
     def __init__(self, job: Job) -> None:
         self._job = job
@@ -109,15 +115,29 @@ class ShellJob:
         return self
 
     async def __anext__(self) -> bytes:
-        async for kind, data in self._job:
+        while (item := await self._next()) is not None:
+            kind, data = item
             if kind == STDOUT:
                 return data
             self._job.stderr.extend(data[: max(0, 4096 - len(self._job.stderr))])
         raise StopAsyncIteration
 
+    async def _next(self) -> tuple[int, bytes] | None:
+        executor = self._job._executor
+        while True:
+            with anyio.move_on_after(executor.stall_deadline):
+                try:
+                    return await anext(self._job)
+                except StopAsyncIteration:
+                    return None
+            if executor.silent_for() >= executor.stall_deadline:
+                raise await executor.stalled()
+
     async def wait(self) -> tuple[int, bytes]:
-        status = await self._job.wait()
-        return int(status["returncode"]), bytes(self._job.stderr)
+        async for _ in self:
+            pass
+        assert self._job.status is not None
+        return int(self._job.status["returncode"]), bytes(self._job.stderr)
 
 
 class Executor:
@@ -133,6 +153,8 @@ class Executor:
         self._ready = anyio.Event()
         self._failure: str | None = None
         self._closed = False
+        self._reading_since: float | None = None  # when the reader began waiting for bytes
+        self.stall_deadline = engine.call_deadline
 
     @property
     def failure(self) -> str | None:
@@ -163,7 +185,12 @@ class Executor:
                 await stream._init()
             task_status.started()
             started = True
-            while not self._closed and (message := await stream.read_out()) is not None:
+            while not self._closed:
+                self._reading_since = anyio.current_time()
+                message = await stream.read_out()
+                self._reading_since = None
+                if message is None:
+                    break
                 if message.stream != 1:
                     # The executor's own stderr: a crash report, or the runtime's start error.
                     self._failure = message.data.decode(errors="replace").strip()[-500:]
@@ -200,6 +227,21 @@ class Executor:
             if channel is not None:
                 with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await channel.send((kind, payload))  # backpressure from a slow reader
+
+    def silent_for(self) -> float:
+        """Seconds the reader has been waiting for the executor's next bytes (0 while it
+        delivers frames: a slow consumer is not a silent executor)."""
+        since = self._reading_since
+        return 0.0 if since is None else anyio.current_time() - since
+
+    async def stalled(self) -> SandboxError:
+        """Give up on an executor that stopped answering: fail every job waiting on it (the
+        sandbox's commands take the Engine API path from now on) and say why."""
+        self._failure = f"the executor sent nothing for {self.stall_deadline:g}s"
+        for channel in list(self._jobs.values()):
+            channel.close()
+        log().warning("docker.executor.stalled", sandbox_id=self._sandbox_id)
+        return await self._engine._diagnose("a file operation", self._sandbox_id)
 
     async def _send(self, kind: int, job_id: int, payload: bytes = b"") -> None:
         stream = self._stream
