@@ -29,17 +29,35 @@ process tree, so every command runs under this shepherd:
     the host disconnects (stdin EOF: the owner died), killing every command first.
 """
 
-import contextlib
 import errno
-import json
 import os
-import selectors
 import signal
 import struct
 import sys
-import threading
 import time
-from typing import Dict, List, Optional, Tuple
+
+# Startup is paid by every command on the Engine API path: only what ``run`` and ``kill``
+# need is imported here (json, selectors and threading come when used; annotations stay
+# unevaluated strings, so typing is never imported at run time).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import json  # noqa: TC004 - imported for real by main(), for serve only
+    import selectors  # noqa: TC004
+    from typing import Dict, List, Optional, Tuple
+
+
+class suppress:
+    """contextlib.suppress, without importing contextlib (and collections, functools)."""
+
+    def __init__(self, *errors: "type[BaseException]") -> None:
+        self.errors = errors
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, kind: "Optional[type[BaseException]]", value: object, tb: object) -> bool:
+        return kind is not None and issubclass(kind, self.errors)
+
 
 RUN_DIR = "/run/asyncsandbox"
 PR_SET_CHILD_SUBREAPER = 36
@@ -83,7 +101,7 @@ def oom_kills() -> int:
     return -1
 
 
-def descendants(root: int) -> List[int]:
+def descendants(root: int) -> "List[int]":
     children: Dict[int, List[int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -123,7 +141,7 @@ def kill_tree() -> None:
         if not pids:
             return
         for pid in pids:
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         reap()
         time.sleep(0.001)
@@ -151,7 +169,7 @@ def feed_stdin(fd: int, remaining: int) -> None:
         os.close(fd)
 
 
-def run(token: str, uid: int, gid: int, stdin_bytes: int, cwd: str, argv: List[str]) -> None:
+def run(token: str, uid: int, gid: int, stdin_bytes: int, cwd: str, argv: "List[str]") -> None:
     try:
         os.makedirs(RUN_DIR, 0o700)
     except OSError as exc:
@@ -175,19 +193,21 @@ def run(token: str, uid: int, gid: int, stdin_bytes: int, cwd: str, argv: List[s
 
     def on_term(signum: int, frame: object) -> None:
         kill_tree()
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             os.unlink(path)
         os._exit(137)
 
     signal.signal(signal.SIGTERM, on_term)
     if pipe is not None:
         os.close(pipe[0])
+        import threading
+
         threading.Thread(target=feed_stdin, args=(pipe[1], stdin_bytes), daemon=True).start()
     _, status = os.waitpid(child, 0)
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
     # The command owns what it started: nothing it left behind outlives it.
     kill_tree()
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         os.unlink(path)
     os._exit(code)
 
@@ -216,7 +236,7 @@ def kill(token: str) -> int:
 
 
 def exec_command(
-    argv: List[str], cwd: str, uid: int, gid: int, env: Optional[Dict[str, str]]
+    argv: "List[str]", cwd: str, uid: int, gid: int, env: "Optional[Dict[str, str]]"
 ) -> None:
     """In a forked child with its stdio in place: become the command (never returns)."""
     try:
@@ -246,7 +266,7 @@ def exec_command(
         os._exit(126)
 
 
-def shepherd(spec: Dict[str, object], uid: int, gid: int) -> None:
+def shepherd(spec: "Dict[str, object]", uid: int, gid: int) -> None:
     """In a forked child of the executor, fds 0-3 set: run one command and report on fd 3."""
     os.closerange(4, 65536)
     set_subreaper()
@@ -285,7 +305,7 @@ def shepherd(spec: Dict[str, object], uid: int, gid: int) -> None:
 
 
 class Job:
-    def __init__(self, pid: int, out: int, err: int, status: int, stdin: Optional[int]) -> None:
+    def __init__(self, pid: int, out: int, err: int, status: int, stdin: "Optional[int]") -> None:
         self.pid = pid
         self.streams = {out: STDOUT, err: STDERR}
         self.status_fd: Optional[int] = status
@@ -332,7 +352,7 @@ class Executor:
                     else:
                         self.selector.register(fd, selectors.EVENT_READ, job_id)
 
-    def start(self, job_id: int, spec: Dict[str, object]) -> None:
+    def start(self, job_id: int, spec: "Dict[str, object]") -> None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         st_r, st_w = os.pipe()
@@ -378,7 +398,7 @@ class Executor:
         except OSError:  # the command stopped reading: drop the rest
             job.pending.clear()
             job.stdin_eof = True
-        with contextlib.suppress(KeyError):
+        with suppress(KeyError):
             self.selector.unregister(job.stdin)
         if job.pending:
             self.selector.register(job.stdin, selectors.EVENT_WRITE, job_id)
@@ -389,7 +409,7 @@ class Executor:
     def kill(self, job_id: int) -> None:
         job = self.jobs.get(job_id)
         if job is not None:
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.kill(job.pid, signal.SIGTERM)
 
     def finish_if_done(self, job_id: int) -> None:
@@ -400,7 +420,7 @@ class Executor:
             return
         os.waitpid(job.pid, 0)
         if job.stdin is not None:
-            with contextlib.suppress(KeyError):
+            with suppress(KeyError):
                 self.selector.unregister(job.stdin)
             os.close(job.stdin)
         del self.jobs[job_id]
@@ -472,7 +492,7 @@ class Executor:
                     if not self.on_host_frames():
                         return
                 elif key.fd == 1:
-                    with contextlib.suppress(BlockingIOError):
+                    with suppress(BlockingIOError):
                         del self.outbox[: os.write(1, self.outbox)]
                     self._update_stdout()
                 elif key.data in self.jobs:
@@ -480,10 +500,10 @@ class Executor:
 
     def shutdown(self) -> None:
         for job in self.jobs.values():
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.kill(job.pid, signal.SIGTERM)
         for job in self.jobs.values():
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.waitpid(job.pid, 0)
         kill_tree()
 
@@ -510,12 +530,16 @@ def serve(uid: int, gid: int, workdir: str, home: str, lifetime: float) -> None:
         executor.shutdown()
 
 
-def main(args: List[str]) -> None:
+def main(args: "List[str]") -> None:
     if args[:1] == ["run"] and len(args) >= 8 and args[6] == "--":
         run(args[1], int(args[2]), int(args[3]), int(args[4]), args[5], args[7:])
     elif args[:1] == ["kill"] and len(args) == 2:
         sys.exit(kill(args[1]))
     elif args[:1] == ["serve"] and len(args) == 6:
+        global json, selectors
+        import json
+        import selectors
+
         serve(int(args[1]), int(args[2]), args[3], args[4], float(args[5]))
     else:
         sys.exit(
