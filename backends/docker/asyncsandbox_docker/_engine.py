@@ -47,7 +47,8 @@ class Engine:
         self._max_connections = max_connections
         self._docker: aiodocker.Docker | None = None
         self.wedged = False
-        """Whether the last ``info`` went unanswered (asking the daemon more is pointless)."""
+        """Whether ``info`` went unanswered and no call was answered since (asking the
+        daemon why a sandbox died is then pointless)."""
 
     @property
     def docker(self) -> aiodocker.Docker:
@@ -123,7 +124,7 @@ class Engine:
         limit = self.call_deadline if deadline is None else deadline
         with anyio.move_on_after(limit):
             try:
-                return await self.docker._query_json(
+                result = await self.docker._query_json(
                     path, method, params=_params(params), data=body
                 )
             except aiodocker.DockerError as exc:
@@ -132,6 +133,8 @@ class Engine:
                 raise BackendUnavailable(
                     f"Docker connection failed: {exc}", retryable=True
                 ) from exc
+            self.wedged = False
+            return result
         raise await self._diagnose(f"{method} {path}", sandbox_id)
 
     @asynccontextmanager
