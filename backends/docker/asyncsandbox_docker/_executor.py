@@ -125,12 +125,13 @@ class ShellJob:
     async def _next(self) -> tuple[int, bytes] | None:
         executor = self._job._executor
         while True:
-            with anyio.move_on_after(executor.stall_deadline):
+            deadline = executor._engine.call_deadline
+            with anyio.move_on_after(deadline):
                 try:
                     return await anext(self._job)
                 except StopAsyncIteration:
                     return None
-            if executor.silent_for() >= executor.stall_deadline:
+            if executor.silent_for() >= deadline:
                 raise await executor.stalled()
 
     async def wait(self) -> tuple[int, bytes]:
@@ -154,7 +155,6 @@ class Executor:
         self._failure: str | None = None
         self._closed = False
         self._reading_since: float | None = None  # when the reader began waiting for bytes
-        self.stall_deadline = engine.call_deadline
 
     @property
     def failure(self) -> str | None:
@@ -228,6 +228,13 @@ class Executor:
                 with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await channel.send((kind, payload))  # backpressure from a slow reader
 
+    def _give_up(self, failure: str) -> None:
+        """The executor no longer answers: wake every job waiting on it (their channels
+        end, and they fail) instead of leaving them hanging."""
+        self._failure = failure
+        for channel in list(self._jobs.values()):
+            channel.close()
+
     def silent_for(self) -> float:
         """Seconds the reader has been waiting for the executor's next bytes (0 while it
         delivers frames: a slow consumer is not a silent executor)."""
@@ -237,9 +244,7 @@ class Executor:
     async def stalled(self) -> SandboxError:
         """Give up on an executor that stopped answering: fail every job waiting on it (the
         sandbox's commands take the Engine API path from now on) and say why."""
-        self._failure = f"the executor sent nothing for {self.stall_deadline:g}s"
-        for channel in list(self._jobs.values()):
-            channel.close()
+        self._give_up(f"the executor sent nothing for {self._engine.call_deadline:g}s")
         log().warning("docker.executor.stalled", sandbox_id=self._sandbox_id)
         return await self._engine._diagnose("a file operation", self._sandbox_id)
 
@@ -299,12 +304,7 @@ class Executor:
                         await self._send(KILL, job_id)
                         await job.wait()
                     if scope.cancelled_caught:
-                        self._failure = "a command could not be killed"
-                        # The executor no longer answers: wake every other job waiting on
-                        # it (their channels end, and they fail) instead of leaving them
-                        # hanging.
-                        for channel in list(self._jobs.values()):
-                            channel.close()
+                        self._give_up("a command could not be killed")
                         raise SandboxDied(
                             self._sandbox_id, "lost: the executor did not kill a command"
                         )
