@@ -22,6 +22,7 @@ from ._errors import (
     FileErrorReason as FileErrorReason,
     InfrastructureError as InfrastructureError,
     InvalidArgument as InvalidArgument,
+    LaunchError as LaunchError,
     OperationCancelled as OperationCancelled,
     SandboxClosed as SandboxClosed,
     SandboxDied as SandboxDied,
@@ -83,6 +84,7 @@ __all__ = (
     "CapacityTimeout",
     "BackendUnavailable",
     "BackendTimeout",
+    "LaunchError",
     "SandboxDied",
     "SandboxOOMKilled",
 )

@@ -18,6 +18,7 @@ failures instead of turning them into reward 0::
         ├── CapacityTimeout (TimeoutError) .. waited longer than ``Limits.capacity_timeout``
         ├── BackendUnavailable .............. the backend (daemon, server) cannot be reached
         ├── BackendTimeout (TimeoutError) ... an infrastructure call exceeded its ``Timeouts`` deadline
+        ├── LaunchError ..................... the command could not be set up; it never ran
         └── SandboxDied ..................... the sandbox is gone (crashed, killed, expired, lost)
             └── SandboxOOMKilled ............ the sandbox as a whole was killed for memory
 
@@ -54,6 +55,7 @@ __all__ = (
     "CapacityTimeout",
     "BackendUnavailable",
     "BackendTimeout",
+    "LaunchError",
     "SandboxDied",
     "SandboxOOMKilled",
 )
@@ -175,6 +177,18 @@ class BackendTimeout(InfrastructureError, TimeoutError):
         super().__init__(f"{operation} did not finish within {seconds:g}s", retryable=False)
         self.operation = operation
         self.seconds = seconds
+
+
+class LaunchError(InfrastructureError):
+    """The backend could not start the command: setting it up failed (a launcher, an agent
+    or the sandbox's isolation), so the command never ran. Never the command's exit status.
+
+    ``retryable`` when the cause is transient (the runtime then runs the command again,
+    following :class:`~asyncsandbox.RetryPolicy`: it is safe, as nothing ran).
+    """
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message, retryable=retryable)
 
 
 class SandboxDied(InfrastructureError):

@@ -94,6 +94,7 @@ def test_error_tree() -> None:
         e.BackendUnavailable,
         e.BackendTimeout,
         e.CapacityTimeout,
+        e.LaunchError,
     ):
         assert issubclass(infra, e.InfrastructureError)
         assert not issubclass(infra, e.CommandError)
