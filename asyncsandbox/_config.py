@@ -33,6 +33,10 @@ class Resources(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Memory of the whole sandbox, in MiB; exceeding it OOM-kills the offending process."""
     pids: int | None = 512
     """Maximum number of processes and threads in the sandbox (contains fork bombs)."""
+    disk_mb: int | None = None
+    """Space for what the sandbox writes (workdir, home, ``/tmp`` together), in MiB; writes
+    beyond it fail with ``ENOSPC``. Process backend (as root): the writable areas are a
+    tmpfs of this size, so their content lives in memory and counts toward ``memory_mb``."""
 
     def __post_init__(self) -> None:
         if self.cpus is not None:
@@ -41,6 +45,7 @@ class Resources(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True):
                 raise InvalidArgument("cpus must be > 0 or None")
         check.optional_positive_int("memory_mb", self.memory_mb)
         check.optional_positive_int("pids", self.pids)
+        check.optional_positive_int("disk_mb", self.disk_mb)
 
 
 class SandboxDefaults(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True):

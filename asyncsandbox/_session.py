@@ -43,6 +43,7 @@ __all__ = ("Session", "SessionStatistics")
 T = TypeVar("T")
 
 _NEW, _OPEN, _CLOSING, _CLOSED = "new", "open", "closing", "closed"
+RESOURCE_LIMITS = ("cpus", "memory_mb", "pids", "disk_mb")
 
 
 class SessionStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -182,6 +183,7 @@ class Session:
             0,
         )
         self._log = get_logger(session_id=self.id, backend=self._backend_name)
+        self._unenforced_warned: set[frozenset[str]] = set()
 
     # -- open / close -------------------------------------------------------------------
 
@@ -463,6 +465,16 @@ class Session:
             raise InvalidArgument(
                 f"the {self._backend_name!r} backend does not support network={config.network!r} "
                 f"(supported: {', '.join(sorted(caps.network_modes))})"
+            )
+        wanted = {n for n in RESOURCE_LIMITS if getattr(config.resources, n) is not None}
+        unenforced = frozenset(wanted - caps.enforced_limits)
+        if unenforced and unenforced not in self._unenforced_warned:
+            self._unenforced_warned.add(unenforced)
+            self._log.warning(
+                "sandbox.limits.unenforced",
+                limits=sorted(unenforced),
+                hint=f"the {self._backend_name} backend cannot enforce them here "
+                "(the process backend needs root for cgroups and disk quotas)",
             )
         return SandboxSpec(
             image=config.image,

@@ -68,7 +68,8 @@ class BackendCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     isolation: str
     """How sandboxes are isolated, in a few words (shown by ``asyncsandbox backends``)."""
     enforced_limits: frozenset[str] = frozenset()
-    """Which :class:`~asyncsandbox.Resources` fields are enforced: ``cpus``, ``memory_mb``, ``pids``."""
+    """Which :class:`~asyncsandbox.Resources` fields are enforced: ``cpus``, ``memory_mb``,
+    ``pids``, ``disk_mb``. The runtime warns when a sandbox asks for one that is not."""
     network_modes: frozenset[str] = frozenset({"none"})
     """Supported values of ``SandboxDefaults.network``."""
     reports_signal: bool = False

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import anyio
 import pytest
+from structlog.testing import capture_logs
 
 from asyncsandbox import (
     BackendUnavailable,
@@ -24,7 +26,12 @@ from asyncsandbox import (
     SandboxDefaults,
     Session,
 )
-from asyncsandbox._process import ProcessAttributes, ProcessBackend, _backend as process_backend
+from asyncsandbox._process import (
+    ProcessAttributes,
+    ProcessBackend,
+    _backend as process_backend,
+    _seccomp,
+)
 from asyncsandbox.testing import CHECKS, Check
 
 IS_ROOT = os.geteuid() == 0
@@ -85,10 +92,11 @@ async def test_host_is_hidden_and_read_only(process_root: Path) -> None:
     async with session(process_root) as s, s.sandbox() as sb:
         assert (await sb.exec(["ls", "/root"])).returncode != 0  # not in the view at all
         assert (await sb.exec(["sh", "-c", "echo x > /usr/owned"])).returncode != 0
-        if IS_ROOT:  # the sandbox runs as an unprivileged host user
-            shadow = await sb.exec(["cat", "/etc/shadow"])
-            assert shadow.returncode != 0
-            assert b"Permission denied" in shadow.stderr
+        # Root-only host files stay out of the sandbox's /etc (they could not be read
+        # through the view either: the sandbox runs as an unprivileged host user).
+        shadow = await sb.exec(["cat", "/etc/shadow"])
+        assert shadow.returncode != 0
+        assert b"No such file" in shadow.stderr
         ident = await sb.exec(["sh", "-c", "id -u; hostname; echo $HOME"])
         assert ident.stdout == b"1000\nsandbox\n/home/sandbox\n"
         ps = await sb.exec(
@@ -278,39 +286,131 @@ def test_sweep_removes_what_a_killed_owner_left(process_root: Path) -> None:
     assert sandbox_dirs(process_root) == []
 
 
-# -- isolation modes ----------------------------------------------------------------------
+# -- isolation mechanisms ------------------------------------------------------------------
 
 
-# The isolation mode is independent of the async library: asyncio suffices here.
+def mechanisms() -> list[str]:
+    """Every mechanism this machine supports, unless one is forced for the whole run."""
+    forced = os.environ.get("ASYNCSANDBOX_PROCESS_ISOLATION")
+    if forced:
+        return [forced]
+    return ["native", *(["bwrap"] if shutil.which("bwrap") else [])]
+
+
+# The mechanism is independent of the async library: asyncio suffices here (the default
+# mechanism runs the suite on trio too, in test_conformance.py).
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
-async def test_unshare_isolation_conforms(check: Check, process_root: Path) -> None:
-    await check.run(lambda: ProcessBackend(root=process_root, isolation="unshare"))
+@pytest.mark.parametrize("mechanism", mechanisms())
+async def test_every_mechanism_conforms(mechanism: str, check: Check, process_root: Path) -> None:
+    await check.run(lambda: ProcessBackend(root=process_root, isolation=mechanism))  # type: ignore[arg-type]
 
 
-async def test_refuses_to_run_unisolated_unless_asked(
-    process_root: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.fixture
+def no_mechanism_cached() -> Iterator[None]:
+    """The mechanism is chosen once per process: forget it around a test that changes
+    what the machine seems to offer."""
+    saved = dict(process_backend._SELECTED)
+    process_backend._SELECTED.clear()
+    yield
+    process_backend._SELECTED.clear()
+    process_backend._SELECTED.update(saved)
+
+
+async def test_refuses_with_what_is_missing(
+    process_root: Path, monkeypatch: pytest.MonkeyPatch, no_mechanism_cached: None
 ) -> None:
     monkeypatch.setattr("shutil.which", lambda name: None)
-    process_backend._select_isolation.cache_clear()
-    with pytest.raises(BackendUnavailable, match=r"Install bubblewrap.*isolation': 'none'"):
+    with pytest.raises(BackendUnavailable, match=r"apt-get install bubblewrap"):
+        async with session(process_root, backend_options={"isolation": "bwrap"}):
+            pass
+    # Without bubblewrap, "auto" falls back to the native launcher: same guarantees.
+    async with session(process_root, backend_options={"isolation": "auto"}) as s:
+        assert s.backend.capabilities.isolation.startswith("native")
+        assert "seccomp" in s.backend.capabilities.isolation
+    process_backend._SELECTED.clear()
+
+    def no_libseccomp() -> bytes:
+        raise _seccomp.SeccompUnavailable(
+            "libseccomp cannot be loaded (apt-get install libseccomp2)"
+        )
+
+    monkeypatch.setattr(_seccomp, "program", no_libseccomp)
+    with pytest.raises(BackendUnavailable, match=r"libseccomp2.*'seccomp': False"):
         async with session(process_root):
             pass
-    # Unisolated means the host's network too: asking for none is refused, not ignored.
-    async with session(process_root, backend_options={"isolation": "none"}) as s:
-        with pytest.raises(InvalidArgument, match="network='none'"):
-            await s.sandbox().start()
+
+
+async def test_weaker_modes_are_asked_for_by_name_and_warned_about(
+    process_root: Path, monkeypatch: pytest.MonkeyPatch, no_mechanism_cached: None
+) -> None:
+    monkeypatch.setattr(process_backend, "_WARNED", set())
+    options = {"isolation": "native", "seccomp": False}
+    with capture_logs() as logs:
+        for _ in range(2):  # warned once per process, not per session
+            async with session(process_root, backend_options=options) as s, s.sandbox() as sb:
+                status = await sb.exec(["grep", "Seccomp:", "/proc/self/status"])
+                assert status.stdout.split() == [b"Seccomp:", b"0"]
+                assert "seccomp" not in s.backend.capabilities.isolation
+    assert [e["event"] for e in logs].count("process.isolation.weaker") == 1
+    # Unisolated: only by name, warned about, and never with network='none' (it cannot be).
+    with capture_logs() as logs:
+        async with session(process_root, backend_options={"isolation": "none"}) as s:
+            with pytest.raises(InvalidArgument, match="network='none'"):
+                await s.sandbox().start()
+    assert [e["event"] for e in logs].count("process.isolation.none") == 1
     unisolated = SandboxDefaults(network="host")
-    options = {"isolation": "none"}
     async with (
-        session(process_root, backend_options=options, defaults=unisolated) as s,
+        session(process_root, backend_options={"isolation": "none"}, defaults=unisolated) as s,
         s.sandbox() as sb,
     ):
-        assert "none" in s.backend.capabilities.isolation
+        assert s.backend.capabilities.isolation.startswith("none")
         assert (await sb.exec(["sh", "-c", "echo unisolated"])).stdout == b"unisolated\n"
         await sb.write_file("f.txt", b"data")
         assert (await sb.exec(["cat", "f.txt"])).stdout == b"data"
-    process_backend._select_isolation.cache_clear()
+
+
+def test_bad_isolation_options_are_clear_errors(
+    process_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(InvalidArgument, match="isolation must be one of auto, bwrap, native"):
+        ProcessBackend(root=process_root, isolation="unshare")  # type: ignore[arg-type]
+    monkeypatch.setenv("ASYNCSANDBOX_PROCESS_ISOLATION", "chroot")
+    with pytest.raises(InvalidArgument, match=r"\$ASYNCSANDBOX_PROCESS_ISOLATION must be"):
+        ProcessBackend(root=process_root)
+    monkeypatch.delenv("ASYNCSANDBOX_PROCESS_ISOLATION")
+    with pytest.raises(InvalidArgument, match="seccomp must be a bool"):
+        ProcessBackend(root=process_root, seccomp="no")  # type: ignore[arg-type]
+    if IS_ROOT:
+        with pytest.raises(InvalidArgument, match="uid_range must be"):
+            ProcessBackend(root=process_root, uid_range=(0, 10))
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="one host uid per sandbox needs root")
+async def test_each_live_sandbox_is_its_own_host_user(process_root: Path) -> None:
+    async with session(process_root) as s, s.sandbox() as a, s.sandbox() as b:
+        owners = {os.stat(sb.extra(ProcessAttributes.root) / "fs" / "work").st_uid for sb in (a, b)}
+        assert len(owners) == 2
+        assert all(uid >= 0x70000000 for uid in owners)
+        await a.exec(["sh", "-c", "echo x > f"])
+        host_file = a.extra(ProcessAttributes.root) / "fs" / "work" / "f"
+        assert host_file.stat().st_uid in owners
+        # The sandbox directories' content is private to their owner on the host.
+        fs = a.extra(ProcessAttributes.root) / "fs"
+        assert fs.stat().st_mode & 0o077 == 0
+    from asyncsandbox._process._uids import REGISTRY
+
+    assert not any((REGISTRY / str(uid)).exists() for uid in owners), (
+        "uids stay claimed after their sandboxes were removed"
+    )
+
+
+async def test_python_is_python3_where_the_system_has_only_python3(process_root: Path) -> None:
+    """The seeds run "python": in a sandbox of a system without it, it is python3 (as an
+    image with python-is-python3), so a reward is never 0 for want of a name."""
+    async with session(process_root) as s, s.sandbox() as sb:
+        both = await sb.exec(["sh", "-c", "python -c 'import sys; print(sys.version_info[0])'"])
+        assert both.stdout == b"3\n", both
 
 
 ROOTFS = os.environ.get("ASYNCSANDBOX_TEST_ROOTFS")

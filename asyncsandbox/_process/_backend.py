@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import functools
 import os
 import re
 import shutil
@@ -14,7 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 import anyio
 import anyio.abc
@@ -26,6 +25,7 @@ from anyio.abc import ByteReceiveStream
 from .._errors import (
     BackendUnavailable,
     InvalidArgument,
+    LaunchError,
     SandboxDied,
     SandboxNotFound,
 )
@@ -41,28 +41,31 @@ from ..abc import (
     SandboxHandle,
     SandboxSpec,
 )
+from . import _layout
 from ._cgroups import Cgroups, SandboxCgroup
 from ._isolation import (
-    HOME,
-    JOIN_CGROUPS,
-    READ_ONLY_PREFIXES,
-    SANDBOX_UID,
-    SANDBOX_USER,
-    Bubblewrap,
-    Isolation,
-    Layout,
-    Unshare,
+    MODES,
+    STARTED,
+    IsolationUnavailable,
+    Mechanism,
+    Mode,
+    candidates,
     probe,
+    scratch_layout,
+    userns_problem,
 )
+from ._layout import READ_ONLY_PREFIXES, HostIds, Layout
+from ._uids import DEFAULT_RANGE, UidPool
 
 __all__ = ("ProcessAttributes", "ProcessBackend")
 
-IsolationMode = Literal["auto", "bwrap", "unshare", "none"]
-NOBODY = 65534
 KILL_DEADLINE = 10.0
 READ_CHUNK = 256 * 1024
 UNISOLATED_PIPE_GRACE = 1.0
 LAUNCHER_EXIT_GRACE = 3.0
+LAUNCHER_OUTPUT_LIMIT = 64 * 1024  # what we keep of a failing launcher's messages
+ISOLATION_ENV = "ASYNCSANDBOX_PROCESS_ISOLATION"
+ETC_SWEEP_AGE = 3600.0  # unused /etc snapshots older than this are removed
 
 
 class ProcessAttributes(TypedAttributeSet):
@@ -71,7 +74,7 @@ class ProcessAttributes(TypedAttributeSet):
     root: Path = typed_attribute()
     """The sandbox's directory on the host."""
     isolation: str = typed_attribute()
-    """The isolation mode in use: ``bwrap``, ``unshare`` or ``none``."""
+    """The isolation mechanism in use: ``bwrap``, ``native`` or ``none``."""
 
 
 def default_root() -> Path:
@@ -96,29 +99,13 @@ class _Meta(msgspec.Struct, kw_only=True):
     created_at: float
     expires_at: float | None
     cgroup: bool = False
+    etc: str = ""
+    host_uid: int | None = None
+    host_gid: int | None = None
+    quota: bool = False
 
 
 _meta_decoder = msgspec.json.Decoder(_Meta)
-
-
-def prepare_layout(layout: Layout, run_as: int | None) -> None:
-    """Create a sandbox's directories and user database on the host (synchronous)."""
-    layout.root.mkdir(mode=0o711)
-    (layout.root / "view").mkdir()  # mount point for the unshare isolation
-    (layout.root / "fs").mkdir(mode=0o711)
-    for directory in (layout.tmp, layout.home, layout.work):
-        directory.mkdir(mode=0o755)
-        if run_as is not None:
-            os.chown(directory, run_as, run_as)
-    layout.tmp.chmod(0o1777)
-    uid = SANDBOX_UID
-    (layout.root / "passwd").write_text(
-        f"root:x:0:0:root:/root:/bin/sh\n{SANDBOX_USER}:x:{uid}:{uid}::{HOME}:/bin/sh\n"
-        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-    )
-    (layout.root / "group").write_text(f"root:x:0:\n{SANDBOX_USER}:x:{uid}:\nnogroup:x:65534:\n")
-    for name in ("passwd", "group"):
-        (layout.root / name).chmod(0o644)
 
 
 def _rmtree(path: Path) -> None:
@@ -142,33 +129,58 @@ def _rmtree(path: Path) -> None:
         shutil.rmtree(path, onerror=lambda func, failed, info: onexc(func, failed, info[1]))
 
 
-@functools.cache
-def _select_isolation(mode: IsolationMode, run_as: int | None, scratch_parent: str) -> Isolation:
-    """Pick (and probe, once per process) the isolation to use."""
-    candidates: list[Isolation] = []
-    if mode == "none":
-        return Isolation(run_as)
-    if mode in ("auto", "bwrap") and (exe := shutil.which("bwrap")):
-        candidates.append(Bubblewrap(run_as, exe))
-    if mode in ("auto", "unshare") and (exe := shutil.which("unshare")):
-        candidates.append(Unshare(run_as, exe))
-    errors: list[str] = []
-    for candidate in candidates:
-        scratch = Path(scratch_parent, f".probe-{uuid.uuid4().hex[:8]}")
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, event: str, **fields: Any) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        get_logger().warning(event, **fields)
+
+
+_SELECTED: dict[tuple[Mode, bool], Mechanism] = {}
+
+
+def _select(mode: Mode, seccomp: bool, scratch: Path, etc: Path, ids: HostIds | None) -> Mechanism:
+    """The mechanism ``mode`` resolves to on this machine, probed once per process."""
+    key = (mode, seccomp)
+    if key in _SELECTED:
+        return _SELECTED[key]
+    problems: list[str] = []
+    for candidate in candidates(mode, seccomp=seccomp):
+        if isinstance(candidate, IsolationUnavailable):
+            problems.append(str(candidate))
+            continue
+        layout = scratch_layout(scratch, etc, ids)
         try:
-            error = probe(candidate, scratch)
+            problem = probe(candidate, layout)
         finally:
-            _rmtree(scratch)
-        if error is None:
+            _rmtree(layout.root)
+        if problem is None:
+            _SELECTED[key] = candidate
             return candidate
-        errors.append(f"{candidate.name}: {error}")
-    wanted = {"auto": "bubblewrap or unshare", "bwrap": "bubblewrap", "unshare": "unshare"}[mode]
-    detail = "; ".join(errors) or f"{wanted} is not installed"
+        problems.append(problem)
+    if mode in ("auto", "native") and (why := userns_problem()):
+        problems.append(why)
+    hints = [
+        "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)",
+        "or allow unprivileged user namespaces",
+    ]
+    if any(p.startswith("seccomp") for p in problems):
+        hints.append(
+            "or pass backend_options={'seccomp': False} to run without the seccomp filter "
+            "(weaker isolation)"
+        )
+    hints.append(
+        "or pass backend_options={'isolation': 'none'} to run commands on the host without "
+        "any isolation (unsafe for untrusted code)"
+    )
     raise BackendUnavailable(
-        f"the process backend cannot isolate sandboxes on this machine ({detail}). "
-        "Install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) and allow "
-        "unprivileged user namespaces, or pass backend_options={'isolation': 'none'} to run "
-        "commands on the host without isolation (unsafe for untrusted code).",
+        "the process backend cannot isolate sandboxes on this machine ("
+        + "; ".join(problems)
+        + "). To fix it: "
+        + ", ".join(hints)
+        + ".",
         retryable=False,
     )
 
@@ -176,15 +188,20 @@ def _select_isolation(mode: IsolationMode, run_as: int | None, scratch_parent: s
 class ProcessBackend(Backend):
     """The embedded backend: sandboxes are directories, commands run in Linux namespaces.
 
-    No daemon: every command is a ``bwrap`` (or ``unshare``) child of this process, in fresh
-    namespaces over the sandbox's filesystem view. Idle sandboxes cost only disk.
-    Memory, pids and CPU limits need cgroups this process may create (root).
+    No daemon: every command is launched, by bubblewrap or by our own launcher, into fresh
+    namespaces over the sandbox's filesystem view. Idle sandboxes cost only disk. Memory,
+    pids and CPU limits and disk quotas need root (cgroups, a tmpfs per sandbox).
 
     :param root: where sandbox directories live (default ``/var/lib/asyncsandbox/process``
         as root, else ``~/.cache/asyncsandbox/process``; or ``$ASYNCSANDBOX_PROCESS_ROOT``).
-    :param isolation: ``"auto"`` (bubblewrap, else unshare, else refuse), ``"bwrap"``,
-        ``"unshare"``, or ``"none"`` to run on the host unisolated (unsafe; explicit only).
-    :param run_as: host uid sandboxes run as when this process is root (default: nobody).
+    :param isolation: ``"auto"`` (bubblewrap if installed, else the native launcher, else
+        refuse with what is missing), ``"bwrap"``, ``"native"``, or ``"none"`` to run on the
+        host unisolated (unsafe; explicit only, with a warning). Default:
+        ``$ASYNCSANDBOX_PROCESS_ISOLATION``, else ``"auto"``.
+    :param seccomp: load the seccomp filter (default). ``False`` is a weaker mode, for
+        machines without libseccomp; it is logged as a warning.
+    :param uid_range: ``(first, count)``: host uids for sandboxes when running as root,
+        one per live sandbox (default: 2^20 uids from ``0x70000000``).
     """
 
     name = "process"
@@ -193,48 +210,110 @@ class ProcessBackend(Backend):
         self,
         *,
         root: str | os.PathLike[str] | None = None,
-        isolation: IsolationMode = "auto",
-        run_as: int | None = None,
+        isolation: Mode | None = None,
+        seccomp: bool = True,
+        uid_range: tuple[int, int] | list[int] | None = None,
     ) -> None:
-        if isolation not in ("auto", "bwrap", "unshare", "none"):
-            raise InvalidArgument(
-                f"isolation must be auto, bwrap, unshare or none, got {isolation!r}"
-            )
+        mode = isolation if isolation is not None else os.environ.get(ISOLATION_ENV) or "auto"
+        if mode not in MODES:
+            where = "isolation" if isolation is not None else f"${ISOLATION_ENV}"
+            raise InvalidArgument(f"{where} must be one of {', '.join(MODES)}; got {mode!r}")
+        if not isinstance(seccomp, bool):
+            raise InvalidArgument(f"seccomp must be a bool, got {seccomp!r}")
         self.root = Path(root) if root is not None else default_root()
-        self._mode: IsolationMode = isolation
-        self._run_as = (NOBODY if run_as is None else run_as) if os.geteuid() == 0 else None
-        self._isolation: Isolation | None = None
+        self._mode: Mode = mode
+        self._seccomp = seccomp
+        self._uids: UidPool | None = None
+        if os.geteuid() == 0:
+            first, count = _uid_range(uid_range)
+            self._uids = UidPool(first, count)
+        elif uid_range is not None:
+            raise InvalidArgument("uid_range needs root (without it, sandboxes run as you)")
+        self._mechanism: Mechanism | None = None
         self._cgroups: Cgroups | None = None
         self._caps: BackendCapabilities | None = None
+        self._etc: dict[Path, Path] = {}  # system root -> its /etc snapshot
         self._handles: dict[str, ProcessSandbox] = {}
 
     async def __aenter__(self) -> Self:
-        await anyio.to_thread.run_sync(self._setup)
+        try:
+            await anyio.to_thread.run_sync(self._setup)
+        except OSError as exc:
+            raise BackendUnavailable(
+                f"the process backend cannot prepare its root {self.root}: {exc}"
+            ) from exc
         return self
 
     def _setup(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o711)
         self.root.chmod(0o711)
-        trash = self.root / ".trash"
-        trash.mkdir(exist_ok=True, mode=0o700)
-        for leftover in trash.iterdir():  # removals interrupted by a crash
+        for hidden in (".trash", ".etc"):
+            (self.root / hidden).mkdir(exist_ok=True, mode=0o700 if hidden == ".trash" else 0o711)
+        for leftover in (self.root / ".trash").iterdir():  # removals interrupted by a crash
             _rmtree(leftover)
-        self._isolation = _select_isolation(self._mode, self._run_as, str(self.root))
-        self._cgroups = Cgroups.detect() if self._isolation.name != "none" else None
+        self._sweep_etc()
+        probe_ids = self._uids.claim(self.root / ".probe") if self._uids else None
+        try:
+            self._mechanism = _select(
+                self._mode, self._seccomp, self.root, self._etc_for(None), probe_ids
+            )
+        finally:
+            if self._uids and probe_ids:
+                self._uids.release(probe_ids, self.root / ".probe")
+        mechanism = self._mechanism
+        if not mechanism.isolated:
+            _warn_once(
+                "none",
+                "process.isolation.none",
+                hint="commands run on the host without isolation: unsafe for untrusted code",
+            )
+        elif not self._seccomp:
+            _warn_once(
+                "seccomp",
+                "process.isolation.weaker",
+                missing="seccomp filter",
+                hint="sandboxed commands may use ptrace, io_uring, bpf and other calls the "
+                "filter would deny",
+            )
+        self._cgroups = Cgroups.detect() if mechanism.isolated else None
+        limits = set(self._cgroups.controllers) if self._cgroups else set()
+        if self._uids is not None and mechanism.isolated:
+            limits.add("disk_mb")
         self._caps = BackendCapabilities(
-            isolation=self._isolation.description,
-            enforced_limits=self._cgroups.controllers if self._cgroups else frozenset(),
-            network_modes=frozenset(
-                {"none", "host"} if self._isolation.name != "none" else {"host"}
-            ),
+            isolation=mechanism.describe(root=self._uids is not None),
+            enforced_limits=frozenset(limits),
+            network_modes=frozenset({"none", "host"} if mechanism.isolated else {"host"}),
             reports_signal=False,
         )
         get_logger().debug(
             "process.backend.ready",
             root=str(self.root),
-            isolation=self._isolation.name,
+            isolation=mechanism.name,
             cgroups=self._cgroups.version if self._cgroups else None,
         )
+
+    def _etc_for(self, image: Path | None) -> Path:
+        """The /etc snapshot of the host (``None``) or of an image, made on first use."""
+        source = Path("/") if image is None else image
+        snapshot = self._etc.get(source)
+        if snapshot is None or not snapshot.is_dir():
+            snapshot = self._etc[source] = _layout.etc_snapshot(self.root / ".etc", source)
+        return snapshot
+
+    def _sweep_etc(self) -> None:
+        """Remove /etc snapshots no sandbox uses any more (older ones only: another
+        process sharing this root may have just made one)."""
+        used = set()
+        for name in os.listdir(self.root):
+            meta = self._read_meta(name)
+            if meta is not None:
+                used.add(meta.etc)
+        now = time.time()
+        for snapshot in (self.root / ".etc").iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                old = now - snapshot.stat().st_mtime > ETC_SWEEP_AGE
+                if old and str(snapshot) not in used:
+                    _rmtree(snapshot)
 
     @property
     def capabilities(self) -> BackendCapabilities:
@@ -244,10 +323,10 @@ class ProcessBackend(Backend):
         )
 
     @property
-    def isolation(self) -> Isolation:
-        if self._isolation is None:
+    def mechanism(self) -> Mechanism:
+        if self._mechanism is None:
             raise BackendUnavailable("the process backend is not open (use it through a Session)")
-        return self._isolation
+        return self._mechanism
 
     async def aclose(self) -> None:
         self._handles.clear()
@@ -271,18 +350,7 @@ class ProcessBackend(Backend):
                 f"workdir {spec.workdir!r} is inside the image's read-only /{top}: use a "
                 "top-level directory or one that exists in the image"
             )
-        missing = {"memory_mb", "pids", "cpus"} - self.capabilities.enforced_limits
-        wanted = {
-            n for n in ("memory_mb", "pids", "cpus") if getattr(spec.resources, n) is not None
-        }
-        if wanted & missing:
-            get_logger().warning(
-                "process.limits.unenforced",
-                limits=sorted(wanted & missing),
-                hint="run as root on a machine with cgroups to enforce them",
-            )
         sandbox_id = "p-" + uuid.uuid4().hex[:12]
-        layout = Layout(self.root / sandbox_id, image, spec.workdir, spec.network)
         now = time.time()
         meta = _Meta(
             id=sandbox_id,
@@ -293,9 +361,11 @@ class ProcessBackend(Backend):
             created_at=now,
             expires_at=None if spec.max_lifetime is None else now + spec.max_lifetime,
             cgroup=self._cgroups is not None,
+            quota=spec.resources.disk_mb is not None
+            and "disk_mb" in self.capabilities.enforced_limits,
         )
         try:
-            cgroup = await anyio.to_thread.run_sync(self._create_sync, layout, meta, spec)
+            layout, cgroup = await anyio.to_thread.run_sync(self._create_sync, meta, spec)
         except BaseException:
             with anyio.CancelScope(shield=True):  # a cancelled create leaves nothing behind
                 await anyio.to_thread.run_sync(self._remove_sync, sandbox_id, None)
@@ -304,13 +374,32 @@ class ProcessBackend(Backend):
         self._handles[sandbox_id] = handle
         return handle
 
-    def _create_sync(self, layout: Layout, meta: _Meta, spec: SandboxSpec) -> SandboxCgroup | None:
-        prepare_layout(layout, self._run_as)
+    def _create_sync(self, meta: _Meta, spec: SandboxSpec) -> tuple[Layout, SandboxCgroup | None]:
+        directory = self.root / meta.id
+        ids = self._uids.claim(directory) if self._uids else None
+        image = None if spec.image is None else Path(spec.image)
+        meta.etc = str(self._etc_for(image))
+        if ids is not None:
+            meta.host_uid, meta.host_gid = ids.uid, ids.gid
+        layout = self._layout(meta)
+        quota = spec.resources.disk_mb if meta.quota else None
+        _layout.prepare(layout, disk_mb=quota)
         cgroup = self._cgroups.create(meta.id, spec.resources) if self._cgroups else None
         tmp = layout.root / "meta.json.tmp"
         tmp.write_bytes(msgspec.json.encode(meta))
         tmp.rename(layout.root / "meta.json")  # visible to list() only once complete
-        return cgroup
+        return layout, cgroup
+
+    def _layout(self, meta: _Meta) -> Layout:
+        ids = None if meta.host_uid is None else HostIds(meta.host_uid, meta.host_gid or 0)
+        return Layout(
+            root=self.root / meta.id,
+            image=None if meta.image is None else Path(meta.image),
+            workdir=meta.workdir,
+            network=meta.network,
+            etc=Path(meta.etc),
+            host_ids=ids,
+        )
 
     def _read_meta(self, sandbox_id: str) -> _Meta | None:
         if not re.fullmatch(r"p-[0-9a-f]{12}", sandbox_id):
@@ -323,10 +412,9 @@ class ProcessBackend(Backend):
     def _handle_for(self, meta: _Meta) -> ProcessSandbox:
         handle = self._handles.get(meta.id)
         if handle is None:
-            image = None if meta.image is None else Path(meta.image)
-            layout = Layout(self.root / meta.id, image, meta.workdir, meta.network)
             cgroup = self._cgroups.attach(meta.id) if (self._cgroups and meta.cgroup) else None
-            handle = self._handles[meta.id] = ProcessSandbox(self, layout, meta, cgroup)
+            handle = ProcessSandbox(self, self._layout(meta), meta, cgroup)
+            self._handles[meta.id] = handle
         return handle
 
     async def attach(self, sandbox_id: str) -> SandboxHandle:
@@ -363,15 +451,38 @@ class ProcessBackend(Backend):
         )
 
     def _remove_sync(self, sandbox_id: str, cgroup: SandboxCgroup | None) -> None:
+        directory = self.root / sandbox_id
+        meta = self._read_meta(sandbox_id)
         trash = self.root / ".trash" / f"{sandbox_id}-{uuid.uuid4().hex[:6]}"
         with contextlib.suppress(FileNotFoundError):
-            (self.root / sandbox_id).rename(trash)  # atomic: list() and attach() stop seeing it
+            directory.rename(trash)  # atomic: list() and attach() stop seeing it
         if cgroup is None and self._cgroups is not None:
             cgroup = self._cgroups.attach(sandbox_id)
         if cgroup is not None:
             cgroup.remove()  # kills every process of the sandbox, whoever started it
         if trash.exists():
+            _layout.unmount_quota(trash)
             _rmtree(trash)
+        if meta is not None and meta.host_uid is not None and self._uids is not None:
+            self._uids.release(HostIds(meta.host_uid, meta.host_gid or 0), directory)
+
+
+def _uid_range(value: object) -> tuple[int, int]:
+    if value is None:
+        return DEFAULT_RANGE
+    if (
+        isinstance(value, tuple | list)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        and value[0] >= 65536
+        and value[1] >= 1
+        and value[0] + value[1] < 2**32 - 1
+    ):
+        return int(value[0]), int(value[1])
+    raise InvalidArgument(
+        f"uid_range must be (first, count) with first >= 65536 and the range below 2**32 - 1, "
+        f"got {value!r}"
+    )
 
 
 class ProcessSandbox(ShellFiles, SandboxHandle):
@@ -393,7 +504,7 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
     def extra_attributes(self) -> Mapping[Any, Any]:
         return {
             ProcessAttributes.root: lambda: self._layout.root,
-            ProcessAttributes.isolation: lambda: self._backend.isolation.name,
+            ProcessAttributes.isolation: lambda: self._backend.mechanism.name,
         }
 
     def _check_alive(self) -> None:
@@ -403,37 +514,65 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         if expires is not None and expires < time.time():
             raise SandboxDied(self.id, "max lifetime exceeded")
 
-    def _command(
-        self, argv: tuple[str, ...], cwd: str, env: Mapping[str, str]
-    ) -> tuple[list[str], dict[str, str]]:
-        args, spawn_env = self._backend.isolation.command(self._layout, argv, cwd=cwd, env=env)
-        if self._cgroup is not None:
-            args = ["/bin/sh", "-c", JOIN_CGROUPS, "sh", *self._cgroup.procs_files, "--", *args]
-        return args, spawn_env
-
     @asynccontextmanager
     async def _spawn(
         self, argv: tuple[str, ...], *, cwd: str, env: Mapping[str, str], stdin: bool
-    ) -> AsyncIterator[anyio.abc.Process]:
-        """A sandboxed process that is SIGKILLed (with all it started) if the block exits
-        before it ended — by an error or by cancellation."""
+    ) -> AsyncIterator[tuple[anyio.abc.Process, _Stderr]]:
+        """A launched command, once it started (its setup done, its program being
+        executed), with its stderr. It is SIGKILLed (with all it started) if the block
+        exits before it ended, by an error or by cancellation. Raise :class:`LaunchError`
+        if it could not be set up: then it never ran."""
         self._check_alive()
-        args, spawn_env = self._command(argv, cwd, env)
-        process = await anyio.open_process(
-            args,
-            stdin=-1 if stdin else -3,  # subprocess.PIPE / DEVNULL
-            env=spawn_env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-            start_new_session=True,
-        )
+        cgroups = self._cgroup.procs_files if self._cgroup is not None else ()
+        try:
+            launch = self._backend.mechanism.launch(
+                self._layout, argv, cwd=cwd, env=env, cgroups=cgroups
+            )
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        try:
+            process = await anyio.open_process(
+                launch.argv,
+                stdin=-1 if stdin else -3,  # subprocess.PIPE / DEVNULL
+                env=launch.env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                start_new_session=True,
+                pass_fds=launch.fds,
+            )
+        finally:
+            launch.close()
         self._processes.add(process)
         try:
-            yield process
+            assert process.stderr is not None
+            stderr = _Stderr(process.stderr)
+            if not await stderr.started():
+                returncode = await process.wait()
+                self._check_alive()  # the sandbox removed or expired under the launch
+                raise self._launch_error(returncode, stderr.launcher_output)
+            if stderr.launcher_output:
+                get_logger().debug("process.launcher.output", output=stderr.launcher_output[-2000:])
+            yield process, stderr
         finally:
             # Shielded and bounded: every process of the command must be dead before we
             # return, even when our caller is being cancelled.
             with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_DEADLINE):
                 await _terminate(process)
             self._processes.discard(process)
+
+    def _launch_error(self, returncode: int, output: str) -> LaunchError:
+        mechanism = self._backend.mechanism.name
+        message = output.strip() or f"it exited with status {returncode} and said nothing"
+        error = LaunchError(
+            f"sandbox {self.id}: the {mechanism} launcher could not start the command: {message}",
+            retryable=_transient(message),
+        )
+        get_logger().warning(
+            "process.launch.failed",
+            sandbox_id=self.id,
+            mechanism=mechanism,
+            error=message[-2000:],
+            retryable=error.retryable,
+        )
+        return error
 
     async def exec(
         self,
@@ -449,17 +588,19 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         with anyio.move_on_after(
             float("inf") if expires is None else expires - time.time()
         ) as lifetime:
-            async with self._spawn(argv, cwd=cwd, env=env, stdin=stdin is not None) as process:
+            async with self._spawn(argv, cwd=cwd, env=env, stdin=stdin is not None) as (
+                process,
+                stderr,
+            ):
                 with single_error():
                     async with anyio.create_task_group() as tg:
                         assert process.stdout is not None
-                        assert process.stderr is not None
                         tg.start_soon(_pump, process.stdout, "stdout", on_output)
-                        tg.start_soon(_pump, process.stderr, "stderr", on_output)
+                        tg.start_soon(_pump, stderr, "stderr", on_output)
                         if stdin is not None:
                             tg.start_soon(_feed, process, stdin)
                         returncode = await process.wait()
-                        if self._backend.isolation.name == "none":
+                        if not self._backend.mechanism.isolated:
                             # No PID namespace: kill what is left of the process group and
                             # stop waiting for pipes that escaped children may hold open.
                             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -471,8 +612,6 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         oom = self._cgroup is not None and self._cgroup.oom_kills() > oom_before
         if returncode < 0:  # the launcher itself was killed by a signal
             returncode = 128 - returncode
-        if returncode == 125 and self._cgroup is not None:
-            self._check_alive()
         return ExitStatus(returncode=returncode, signal=9 if oom else None, oom_killed=oom)
 
     @asynccontextmanager
@@ -480,18 +619,20 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         self, script: str, args: Sequence[str], *, stdin: bool
     ) -> AsyncIterator[ShellProcess]:
         argv = ("/bin/sh", "-c", script, "sh", *args)
-        async with self._spawn(argv, cwd="/", env={"LC_ALL": "C"}, stdin=stdin) as process:
+        async with self._spawn(argv, cwd="/", env={"LC_ALL": "C"}, stdin=stdin) as (
+            process,
+            stderr,
+        ):
             assert process.stdout is not None
-            assert process.stderr is not None
-            stderr = bytearray()
+            collected = bytearray()
             with single_error():
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(_drain, process.stderr, stderr)
-                    yield _Script(process, stderr)
+                    tg.start_soon(_drain, stderr, collected)
+                    yield _Script(process, collected)
                     tg.cancel_scope.cancel()
 
     def shell_path(self, path: str) -> str:
-        if self._backend.isolation.name == "none":
+        if not self._backend.mechanism.isolated:
             return self._layout.host_path(path)
         return path
 
@@ -572,19 +713,70 @@ class _Script:
         return returncode, bytes(self._stderr)
 
 
-async def _receive(stream: ByteReceiveStream) -> bytes | None:
+async def _receive(stream: ByteReceiveStream | _Stderr) -> bytes | None:
+    if isinstance(stream, _Stderr):
+        return await stream.receive()
     try:
         return await stream.receive(READ_CHUNK)
     except (anyio.EndOfStream, anyio.ClosedResourceError):
         return None
 
 
-async def _pump(stream: ByteReceiveStream, name: Any, on_output: OutputCallback) -> None:
+class _Stderr:
+    """A launched command's stderr: first what the launcher says, up to the marker that
+    the command started (see ``_isolation``), then the command's own output."""
+
+    def __init__(self, stream: ByteReceiveStream) -> None:
+        self._stream = stream
+        self._rest = b""
+        self.launcher_output = ""
+
+    async def started(self) -> bool:
+        """Read the launcher's part; True if the command started."""
+        seen = bytearray()
+        while (chunk := await _receive(self._stream)) is not None:
+            seen += chunk
+            before, marker, after = seen.partition(STARTED)
+            if marker:
+                self.launcher_output = before.decode(errors="replace")
+                self._rest = bytes(after)
+                return True
+            if len(seen) > LAUNCHER_OUTPUT_LIMIT + len(STARTED):
+                del seen[: len(seen) - LAUNCHER_OUTPUT_LIMIT - len(STARTED)]
+        self.launcher_output = seen.decode(errors="replace")
+        return False
+
+    async def receive(self) -> bytes | None:
+        if self._rest:
+            rest, self._rest = self._rest, b""
+            return rest
+        return await _receive(self._stream)
+
+
+# Launcher failures that a new attempt may not meet (a host file replaced under the mount,
+# a resource exhausted for a moment), as the C library words them.
+_TRANSIENT = (
+    "No such file or directory",
+    "Device or resource busy",
+    "Resource temporarily unavailable",
+    "Cannot allocate memory",
+    "Interrupted system call",
+    "Stale file handle",
+    "No space left on device",
+    "Too many open files",
+)
+
+
+def _transient(message: str) -> bool:
+    return any(text in message for text in _TRANSIENT)
+
+
+async def _pump(stream: ByteReceiveStream | _Stderr, name: Any, on_output: OutputCallback) -> None:
     while (chunk := await _receive(stream)) is not None:
         await on_output(name, chunk)
 
 
-async def _drain(stream: ByteReceiveStream, into: bytearray) -> None:
+async def _drain(stream: ByteReceiveStream | _Stderr, into: bytearray) -> None:
     while (chunk := await _receive(stream)) is not None:
         into.extend(chunk[: max(0, 4096 - len(into))])
 

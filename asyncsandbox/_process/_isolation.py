@@ -1,14 +1,23 @@
-"""Command lines that run a program inside a process sandbox.
+"""The isolation mechanisms of the process backend: how one command is launched into its
+sandbox.
 
-Each command runs in fresh Linux namespaces (user, PID, network, IPC, UTS, mount) over the
-sandbox's filesystem view: the host's system directories (or a root filesystem image)
-read-only, and the sandbox's own writable ``/tmp``, home and workdir. The namespace's PID 1
-is tied to our child process (``--die-with-parent``): killing that one process kills every
-process of the command, daemons included, and when the command's main process exits the
-namespace dies with it.
+Every mechanism gives the same guarantees (README, "The process backend's isolation"):
+fresh user, PID, mount, network, IPC, UTS and cgroup namespaces; the root switched with
+``pivot_root`` and the host's detached; a private, read-only ``/proc`` and a minimal
+private ``/dev``; the command as an unprivileged user (a distinct host uid per sandbox
+when the backend runs as root), with no capabilities, ``no_new_privs`` and the seccomp
+filter of :mod:`._seccomp`; never PID 1 (an init reaps, so a command killed by signal N
+exits 128+N); its environment never in any process's argv.
 
-When running as root, the sandbox runs as an unprivileged host user (``nobody`` by
-default): root-only host files stay unreadable even through the read-only view.
+* :class:`Bubblewrap` when ``bwrap`` is installed;
+* :class:`Native`, our own launcher (``_launcher.py``, Python's standard library only),
+  on any Linux with user namespaces;
+* :class:`Unisolated` (``none``): only when asked for by name, with a warning.
+
+One protocol for all, on the command's stderr: what the mechanism writes there before
+:data:`STARTED` is its own (why the sandbox could not be set up); the marker is written
+just before the command's ``execve``; everything after it is the command's. So a failure
+to set up is told apart from any exit status the command could have.
 """
 
 from __future__ import annotations
@@ -17,24 +26,28 @@ import functools
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping
+import sys
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Literal
 
-SANDBOX_UID = 1000
-SANDBOX_USER = "sandbox"
-HOME = "/home/sandbox"
-BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+from . import _layout, _seccomp
+from ._layout import SANDBOX_UID, SHIM_DIR, Layout
 
-# Host directories forming the read-only system view (when no image is given).
-SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt")
-# Top-level entries of an image that the sandbox provides itself.
-PROVIDED = frozenset({"proc", "dev", "sys", "tmp", "home", "run"})
-READ_ONLY_PREFIXES = ("/usr", "/bin", "/sbin", "/lib", "/etc", "/opt", "/proc", "/dev", "/sys")
+Mode = Literal["auto", "bwrap", "native", "none"]
+MODES: tuple[Mode, ...] = ("auto", "bwrap", "native", "none")
 
-# Runs inside the sandbox before the command: a bad cwd or a missing program exits like a
-# shell would (126/127) instead of as a launcher error.
+STARTED = b"\0asyncsandbox:started\0"  # keep in step with _launcher.STARTED
+LAUNCHER = Path(__file__).with_name("_launcher.py")
+SHM_SIZE = 64 << 20
+
+# Runs inside the sandbox (bubblewrap) or on the host (none) before the command: the
+# marker, then a bad cwd or a missing program exits like a shell would (126/127).
 ENTRY = (
+    "printf '\\000asyncsandbox:started\\000' >&2; "
     'cd -- "$0" 2>/dev/null || { printf "cannot change to directory %s\\n" "$0" >&2; exit 126; }; '
     'exec "$@"'
 )
@@ -42,243 +55,350 @@ ENTRY = (
 # command is accounted and limited from its first instruction), then become the launcher.
 JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 
-
-@dataclass(frozen=True)
-class Layout:
-    """Where a sandbox lives on the host, and how it looks from inside."""
-
-    root: Path  # the sandbox directory on the host
-    image: Path | None  # root filesystem, or None for the host's system view
-    workdir: str
-    network: str
-
-    @property
-    def tmp(self) -> Path:
-        return self.root / "fs" / "tmp"
-
-    @property
-    def home(self) -> Path:
-        return self.root / "fs" / "home"
-
-    @property
-    def work(self) -> Path:
-        return self.root / "fs" / "work"
-
-    def writable(self) -> list[tuple[Path, str]]:
-        """(host directory, sandbox path) pairs, parents before children."""
-        pairs = [(self.tmp, "/tmp"), (self.home, HOME)]
-        if not any(self.workdir == p or self.workdir.startswith(p + "/") for _, p in pairs):
-            pairs.append((self.work, self.workdir))
-        return pairs
-
-    @functools.cached_property
-    def view(self) -> list[tuple[str, str, str]]:
-        """The read-only part of the filesystem view: (kind, name, symlink target) for each
-        top-level entry, kind ``d`` (bind-mounted directory or file) or ``l`` (symlink).
-        Mounting entries one by one over an empty root (rather than the whole image at /)
-        leaves room to create the writable mount points."""
-        if self.image is None:
-            source, names = Path("/"), list(SYSTEM_DIRS)
-        else:
-            source = self.image
-            names = sorted(n for n in os.listdir(self.image) if n not in PROVIDED)
-        entries = []
-        for name in names:
-            host = source / name
-            if host.is_symlink():
-                entries.append(("l", name, os.readlink(host)))
-            elif host.exists():
-                entries.append(("d", name, ""))
-        return entries
-
-    def host_path(self, path: str) -> str:
-        """The host path that ``path`` (inside the sandbox) maps to, in unisolated mode."""
-        for host, inside in reversed(self.writable()):
-            if path == inside or path.startswith(inside + "/"):
-                return str(host) + path[len(inside) :]
-        return path
+GUARANTEES = (
+    "user, PID, mount, network, IPC, UTS and cgroup namespaces",
+    "pivot_root, host root detached",
+    "private read-only /proc, minimal private /dev with its own /dev/shm",
+    "no capabilities, no_new_privs",
+    (
+        "seccomp filter (ptrace, mount, nested user namespaces, keyring, modules, clocks, "
+        "bpf, perf, userfaultfd, io_uring denied)"
+    ),
+    "never PID 1 (self-signal exits 128+N)",
+    "environment not in any argv",
+)
 
 
-def base_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {
-        "PATH": BASE_PATH,
-        "HOME": HOME,
-        "USER": SANDBOX_USER,
-        "LOGNAME": SANDBOX_USER,
-        "LANG": "C.UTF-8",
-        "TMPDIR": "/tmp",
-        **env,
-    }
+class IsolationUnavailable(Exception):
+    """A mechanism cannot run on this machine; the message says what is missing."""
 
 
-class Isolation:
-    """Builds sandboxed command lines for one isolation mode."""
+@dataclass
+class Launch:
+    """How to spawn one command: argv and environment of the process to start, and file
+    descriptors it inherits (the caller closes them once it is spawned)."""
 
+    argv: list[str]
+    env: dict[str, str]
+    fds: list[int]
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+class Mechanism(ABC):
+    """Launches commands into sandboxes in one way."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    isolated: ClassVar[bool] = True
+
+    def __init__(self, *, seccomp: bool) -> None:
+        self.seccomp = seccomp
+
+    @abstractmethod
+    def launch(
+        self,
+        layout: Layout,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        cgroups: Sequence[str],
+    ) -> Launch:
+        """The process to spawn to run ``argv`` in the sandbox of ``layout``."""
+
+    def guarantees(self) -> list[str]:
+        found = list(GUARANTEES)
+        if not self.seccomp:
+            found = [g for g in found if not g.startswith("seccomp")]
+        return found
+
+    def describe(self, *, root: bool) -> str:
+        uid = "a distinct host uid per sandbox" if root else "the backend's own uid"
+        return f"{self.summary}: " + "; ".join([*self.guarantees(), f"runs as {uid}"])
+
+    @staticmethod
+    def _host_prefix(layout: Layout, cgroups: Sequence[str]) -> list[str]:
+        """Join the cgroups and become the sandbox's host user (as root), then exec."""
+        prefix: list[str] = []
+        if cgroups:
+            prefix = ["/bin/sh", "-c", JOIN_CGROUPS, "sh", *cgroups, "--"]
+        if layout.host_ids is not None:
+            setpriv = shutil.which("setpriv") or "setpriv"
+            prefix += [
+                setpriv,
+                f"--reuid={layout.host_ids.uid}",
+                f"--regid={layout.host_ids.gid}",
+                "--clear-groups",
+            ]
+        return prefix
+
+
+class Unisolated(Mechanism):
     name = "none"
-    description = "none (commands run directly on the host)"
+    summary = "none: commands run directly on the host (unsafe for untrusted code)"
+    isolated = False
 
-    def __init__(self, run_as: int | None) -> None:
-        self.run_as = run_as  # host uid the sandbox runs as (when we are root)
+    def guarantees(self) -> list[str]:
+        return []
 
-    def _privilege_drop(self) -> list[str]:
-        if self.run_as is None:
-            return []
-        setpriv = shutil.which("setpriv") or "setpriv"
-        return [setpriv, f"--reuid={self.run_as}", f"--regid={self.run_as}", "--clear-groups"]
+    def describe(self, *, root: bool) -> str:
+        return self.summary
 
-    def command(
-        self, layout: Layout, argv: tuple[str, ...], *, cwd: str, env: Mapping[str, str]
-    ) -> tuple[list[str], dict[str, str]]:
-        """(argv to spawn, environment to spawn it with)."""
-        # Unisolated: only paths under the writable areas are mapped to the sandbox dir.
-        full_env = base_env(env)
-        full_env["HOME"] = layout.host_path(HOME)
+    def launch(
+        self,
+        layout: Layout,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        cgroups: Sequence[str],
+    ) -> Launch:
+        # Only paths under the writable areas are mapped to the sandbox directory.
+        full_env = layout.env(env)
+        full_env["HOME"] = layout.host_path(_layout.HOME)
         full_env["TMPDIR"] = layout.host_path("/tmp")
-        return [
-            *self._privilege_drop(),
-            "/bin/sh",
-            "-c",
-            ENTRY,
-            layout.host_path(cwd),
-            *argv,
-        ], full_env
+        command = ["/bin/sh", "-c", ENTRY, layout.host_path(cwd), *argv]
+        return Launch([*self._host_prefix(layout, cgroups), *command], full_env, [])
 
 
-class Bubblewrap(Isolation):
+class Bubblewrap(Mechanism):
     name = "bwrap"
-    description = "bubblewrap: user, PID, network, IPC, UTS and mount namespaces"
+    summary = "bubblewrap"
 
-    def __init__(self, run_as: int | None, executable: str) -> None:
-        super().__init__(run_as)
+    def __init__(self, *, seccomp: bool, executable: str) -> None:
+        super().__init__(seccomp=seccomp)
         self.executable = executable
+        self.disable_userns = "--disable-userns" in _help(executable)
 
-    def command(
-        self, layout: Layout, argv: tuple[str, ...], *, cwd: str, env: Mapping[str, str]
-    ) -> tuple[list[str], dict[str, str]]:
-        args = [
-            *self._privilege_drop(),
-            self.executable,
-            "--unshare-user",
-            "--uid",
-            str(SANDBOX_UID),
-            "--gid",
-            str(SANDBOX_UID),
-            "--unshare-pid",
-            "--unshare-ipc",
-            "--unshare-uts",
-            "--unshare-cgroup-try",
-            "--hostname",
-            "sandbox",
-            "--die-with-parent",
-            "--new-session",
-            "--clearenv",
-        ]
+    def launch(
+        self,
+        layout: Layout,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        cgroups: Sequence[str],
+    ) -> Launch:
+        uid = str(SANDBOX_UID)
+        args = ["--unshare-user", "--uid", uid, "--gid", uid, "--unshare-pid", "--unshare-ipc"]
+        args += ["--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
+        args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+        if self.disable_userns:
+            args.append("--disable-userns")
         if layout.network == "none":
             args.append("--unshare-net")
-        for key, value in base_env(env).items():
-            args += ["--setenv", key, value]
-        source = "/" if layout.image is None else str(layout.image)
-        for kind, name, target in layout.view:
-            if kind == "l":
-                args += ["--symlink", target, f"/{name}"]
-            else:
-                args += ["--ro-bind", os.path.join(source, name), f"/{name}"]
-        args += [
-            "--ro-bind",
-            str(layout.root / "passwd"),
-            "/etc/passwd",
-            "--ro-bind",
-            str(layout.root / "group"),
-            "/etc/group",
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-        ]
-        for host_dir, inside in layout.writable():
-            args += ["--bind", str(host_dir), inside]
-        args += ["--", "/bin/sh", "-c", ENTRY, cwd, *argv]
-        return args, {}
+        fds = []
+        try:
+            if self.seccomp:
+                fds.append(_seccomp.pipe())
+                args += ["--seccomp", str(fds[-1])]
+            # Through --args, not argv: the environment (API keys) never shows in `ps`.
+            args.append("--clearenv")
+            for key, value in layout.env(env).items():
+                args += ["--setenv", key, value]
+            for kind, name, target in layout.view:
+                if kind == "l":
+                    args += ["--symlink", target, f"/{name}"]
+                else:
+                    source = layout.etc if name == "etc" else layout.source / name
+                    args += ["--ro-bind", str(source), f"/{name}"]
+            args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
+            args += ["--perms", "1777", "--size", str(SHM_SIZE), "--tmpfs", "/dev/shm"]
+            for host_dir, inside in layout.writable():
+                args += ["--bind", str(host_dir), inside]
+            if layout.shims:
+                args += ["--dir", SHIM_DIR]
+            for inside, target in layout.shims:
+                args += ["--symlink", target, inside]
+            args += ["--remount-ro", "/"]
+            fds.append(_pipe_with(b"".join(a.encode() + b"\0" for a in args)))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        # The command itself must follow on the command line (bwrap takes it from there).
+        command = [self.executable, "--args", str(fds[-1]), "--", "/bin/sh", "-c", ENTRY]
+        command += [cwd, *argv]
+        return Launch([*self._host_prefix(layout, cgroups), *command], {}, fds)
 
 
-class Unshare(Isolation):
-    """util-linux ``unshare`` plus a mount script, where bubblewrap is missing."""
+class Native(Mechanism):
+    name = "native"
+    summary = "native launcher (Linux namespaces through Python's own system calls)"
 
-    name = "unshare"
-    description = "unshare: user, PID, network, IPC, UTS and mount namespaces"
+    def __init__(self, *, seccomp: bool) -> None:
+        super().__init__(seccomp=seccomp)
+        self.cap_last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
 
-    # Inside new user+mount namespaces (as the namespace's root): build the view under a
-    # private tmpfs and chroot into it. $1: layout root, $2: source root (/ or the image),
-    # $3: entries of Layout.view(), one per line, $4: workdir, $5: cwd; then the command.
-    # Runs under `unshare --fork --pid`, so this shell is the namespace's PID 1 until it execs.
-    SCRIPT = r"""
-set -e
-root=$1 source=$2 entries=$3 workdir=$4 cwd=$5; shift 5
-view=$root/view
-mount -t tmpfs -o mode=755 tmpfs "$view"
-hostname sandbox 2>/dev/null || true
-echo "$entries" | while read -r kind name target; do
-  [ -n "$name" ] || continue
-  if [ "$kind" = l ]; then ln -s "$target" "$view/$name"
-  else
-    if [ -d "$source/$name" ]; then mkdir "$view/$name"; else : > "$view/$name"; fi
-    mount --rbind "$source/$name" "$view/$name"; mount -o remount,bind,ro "$view/$name"
-  fi
-done
-mount --bind "$root/passwd" "$view/etc/passwd"; mount --bind "$root/group" "$view/etc/group"
-mkdir -p "$view/proc" "$view/dev" "$view/tmp" "$view/home/sandbox" 2>/dev/null || true
-mount -t proc proc "$view/proc"
-mount --rbind /dev "$view/dev"
-mount --bind "$root/fs/tmp" "$view/tmp"
-mount --bind "$root/fs/home" "$view/home/sandbox"
-case "$workdir" in /tmp|/tmp/*|/home/sandbox|/home/sandbox/*) ;; *)
-  mkdir -p "$view$workdir" 2>/dev/null || true; mount --bind "$root/fs/work" "$view$workdir";;
-esac
-set +e
-exec chroot "$view" /bin/sh -c 'cd -- "$0" 2>/dev/null || { echo "cannot change to directory $0" >&2; exit 126; }; exec "$@"' "$cwd" "$@"
-"""
+    def launch(
+        self,
+        layout: Layout,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        cgroups: Sequence[str],
+    ) -> Launch:
+        ids = layout.host_ids
+        spec = {
+            "root": str(layout.root),
+            "source": str(layout.source),
+            "etc": str(layout.etc),
+            "entries": [list(entry) for entry in layout.view],
+            "writable": [[str(host), inside] for host, inside in layout.writable()],
+            "shims": [list(shim) for shim in layout.shims],
+            "network": layout.network,
+            "host_uid": None if ids is None else ids.uid,
+            "host_gid": None if ids is None else ids.gid,
+            "uid": SANDBOX_UID,
+            "cgroups": list(cgroups),
+            "shm_size": str(SHM_SIZE),
+            "cap_last_cap": self.cap_last_cap,
+            "seccomp": _seccomp.program() if self.seccomp else None,
+            "cwd": cwd,
+            "argv": list(argv),
+            "env": layout.env(env),
+        }
+        import marshal
 
-    def __init__(self, run_as: int | None, executable: str) -> None:
-        super().__init__(run_as)
-        self.executable = executable
-
-    def command(
-        self, layout: Layout, argv: tuple[str, ...], *, cwd: str, env: Mapping[str, str]
-    ) -> tuple[list[str], dict[str, str]]:
-        args = [
-            *self._privilege_drop(),
-            self.executable,
-            "--user",
-            "--map-root-user",
-            "--mount",
-            "--pid",
-            "--fork",
-            "--kill-child",
-            "--ipc",
-            "--uts",
-            "--propagation",
-            "private",
-        ]
-        if layout.network == "none":
-            args.append("--net")
-        source = "/" if layout.image is None else str(layout.image)
-        entries = "\n".join(" ".join(entry).strip() for entry in layout.view)
-        args += ["/bin/sh", "-c", self.SCRIPT, "sh", str(layout.root), source, entries]
-        args += [layout.workdir, cwd, *argv]
-        return args, base_env(env)
+        fd = _pipe_with(marshal.dumps(spec))
+        argv_ = [sys.executable, "-I", "-S", "-B", str(LAUNCHER), str(fd)]
+        return Launch(argv_, {}, [fd])
 
 
-def probe(isolation: Isolation, scratch: Path) -> str | None:
-    """Run ``true`` in a throwaway sandbox; return an error message if that fails."""
-    from ._backend import prepare_layout
-
-    layout = Layout(scratch, None, "/workspace", "none")
-    prepare_layout(layout, isolation.run_as)
-    argv, env = isolation.command(layout, ("true",), cwd="/workspace", env={})
+def _pipe_with(data: bytes) -> int:
+    """The read end of a pipe holding ``data`` (written whole: it must fit the buffer)."""
+    read, write = os.pipe()
     try:
-        done = subprocess.run(argv, env=env, capture_output=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
-    if done.returncode != 0:
-        return done.stderr.decode(errors="replace").strip() or f"exit status {done.returncode}"
+        if len(data) > 65536:
+            import fcntl
+
+            try:
+                fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, len(data))
+            except OSError as exc:
+                os.close(read)
+                raise ValueError(
+                    f"the command's arguments and environment take {len(data)} bytes, more "
+                    "than fits a pipe on this machine (/proc/sys/fs/pipe-max-size)"
+                ) from exc
+        os.write(write, data)
+    finally:
+        os.close(write)
+    return read
+
+
+@functools.cache
+def _help(executable: str) -> str:
+    try:
+        done = subprocess.run([executable, "--help"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.decode(errors="replace")
+
+
+# -- choosing a mechanism ----------------------------------------------------------------
+
+
+def userns_problem() -> str | None:
+    """Why this machine does not let unprivileged users create user namespaces, if so."""
+    checks = (
+        ("/proc/sys/kernel/unprivileged_userns_clone", "0", "kernel.unprivileged_userns_clone=1"),
+        ("/proc/sys/user/max_user_namespaces", "0", "user.max_user_namespaces=15000"),
+        (
+            "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+            "1",
+            (
+                "kernel.apparmor_restrict_unprivileged_userns=0 (or install bubblewrap, which "
+                "Ubuntu's AppArmor policy allows)"
+            ),
+        ),
+    )
+    for path, bad, fix in checks:
+        try:
+            if Path(path).read_text().strip() == bad:
+                return f"user namespaces are disabled ({path} is {bad}; set {fix})"
+        except OSError:
+            continue
     return None
+
+
+def candidates(mode: Mode, *, seccomp: bool) -> list[Mechanism | IsolationUnavailable]:
+    """The mechanisms ``mode`` may use, best first, or why each cannot be used."""
+    if mode == "none":
+        return [Unisolated(seccomp=False)]
+    found: list[Mechanism | IsolationUnavailable] = []
+    if seccomp:
+        try:
+            _seccomp.program()
+        except _seccomp.SeccompUnavailable as exc:
+            return [IsolationUnavailable(f"seccomp: {exc}")]
+    if mode in ("auto", "bwrap"):
+        exe = shutil.which("bwrap")
+        if exe is None:
+            found.append(
+                IsolationUnavailable(
+                    "bwrap: bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+                )
+            )
+        else:
+            found.append(Bubblewrap(seccomp=seccomp, executable=exe))
+    if mode in ("auto", "native"):
+        found.append(Native(seccomp=seccomp))
+    return found
+
+
+def probe(mechanism: Mechanism, layout: Layout) -> str | None:
+    """Run a check in a throwaway sandbox; return what is wrong, or None.
+
+    Not only "does it start": the command must really be unprivileged, filtered, in its
+    own namespaces, as the mechanism promises.
+    """
+    script = "id -u; readlink /proc/self/ns/user; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status"
+    launch = mechanism.launch(layout, ["/bin/sh", "-c", script], cwd="/", env={}, cgroups=())
+    try:
+        done = subprocess.run(
+            launch.argv,
+            env=launch.env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            pass_fds=launch.fds,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{mechanism.name}: {exc}"
+    finally:
+        launch.close()
+    prefix, marker, _ = done.stderr.partition(STARTED)
+    if not marker or done.returncode != 0:
+        message = prefix.decode(errors="replace").strip() or f"exit status {done.returncode}"
+        return f"{mechanism.name}: {message}"
+    if not mechanism.isolated:
+        return None
+    lines = done.stdout.decode(errors="replace").split("\n")
+    status = dict(line.split(":\t", 1) for line in lines[2:] if ":\t" in line)
+    host_userns = os.readlink("/proc/self/ns/user")
+    problems = []
+    if lines[0] != str(SANDBOX_UID):
+        problems.append(f"the command runs as uid {lines[0]}")
+    if lines[1] == host_userns:
+        problems.append("the command is in the host's user namespace")
+    if int(status.get("CapEff", "1"), 16):
+        problems.append("the command holds capabilities")
+    if status.get("NoNewPrivs") != "1":
+        problems.append("no_new_privs is not set")
+    if mechanism.seccomp and status.get("Seccomp") != "2":
+        problems.append("no seccomp filter is loaded")
+    return f"{mechanism.name}: {'; '.join(problems)}" if problems else None
+
+
+def scratch_layout(parent: Path, etc: Path, host_ids: _layout.HostIds | None) -> Layout:
+    layout = Layout(
+        parent / f".probe-{uuid.uuid4().hex[:8]}", None, "/workspace", "none", etc, host_ids
+    )
+    _layout.prepare(layout)
+    return layout

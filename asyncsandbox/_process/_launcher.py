@@ -1,0 +1,504 @@
+"""asyncsandbox's own launcher: runs one command in fresh Linux namespaces, with the same
+guarantees as the bubblewrap mechanism, using nothing but Python's standard library.
+
+Run by the process backend as ``python -I -S _launcher.py SPEC_FD`` (this file is not
+imported by the package), with the command's stdin, stdout and stderr as fd 0, 1, 2 and
+the spec, one JSON object, readable from ``SPEC_FD``.
+
+Like every mechanism of the backend, it speaks one protocol on stderr: whatever it writes
+there before :data:`STARTED` is its own (why the sandbox could not be set up, exit status
+125); the marker is the command's process's last act before ``execve``, so everything
+after it is the command's.
+
+Three processes, each with one job::
+
+    launcher (host PID namespace)          joins the cgroups, drops to the sandbox's host
+      |                                    uid, creates the namespaces, waits, exits with
+      |                                    the command's status
+      +-- init (PID 1 of the new namespace) builds the filesystem view, pivot_root()s into
+            |                              it, reaps, forwards signals, and kills whatever
+            |                              the command left once it exits
+            +-- command (PID 2)            no capabilities, no_new_privs, the seccomp
+                                           filter, then execve()
+
+The launcher and init are not dumpable (the command cannot ptrace them, read their memory
+or open their file descriptors) and ``/proc`` is mounted read-only. The exit status is the
+command's: its code, or 128+N if signal N killed it.
+
+Everything is imported before the filesystem is switched: afterwards the interpreter's
+own library is out of reach.
+"""
+
+from __future__ import annotations
+
+# Only modules that are cheap to import (no json, enum, socket or contextlib: each would
+# cost milliseconds on every command).
+import _socket
+import ctypes
+import errno
+import fcntl
+import marshal
+import os
+import struct
+import sys
+
+TYPE_CHECKING = False  # not typing's: importing typing would cost milliseconds per command
+if TYPE_CHECKING:
+    import signal
+    from typing import Any, NoReturn
+
+    Spec = dict[str, Any]
+else:
+    import _signal as signal  # signal.py imports enum
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MS_RELATIME = 1 << 21
+MS_STRICTATIME = 1 << 24
+MNT_DETACH = 2
+MOUNT_OPTIONS = {
+    "ro": MS_RDONLY,
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
+}
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP = 22
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECCOMP_MODE_FILTER = 2
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+SYS_PIVOT_ROOT = {
+    "x86_64": 155,
+    "aarch64": 41,
+    "riscv64": 41,
+    "loongarch64": 41,
+    "ppc64le": 203,
+    "ppc64": 203,
+    "s390x": 217,
+    "i686": 217,
+    "i386": 217,
+    "armv7l": 218,
+}
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+
+SETUP_FAILED = 125  # our exit status when the command never started
+FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+STARTED = b"\0asyncsandbox:started\0"  # keep in step with _isolation.STARTED
+
+
+class SetupError(Exception):
+    def __init__(self, what: str, err: int | None = None) -> None:
+        self.err = err
+        super().__init__(what if err is None else f"{what}: {os.strerror(err)}")
+
+
+def check(result: int, what: str) -> None:
+    if result != 0:
+        raise SetupError(what, ctypes.get_errno())
+
+
+def mount(
+    source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None
+) -> None:
+    check(
+        LIBC.mount(
+            None if source is None else source.encode(),
+            target.encode(),
+            None if fstype is None else fstype.encode(),
+            ctypes.c_ulong(flags),
+            None if data is None else data.encode(),
+        ),
+        f"mount {source or fstype or ''} on {target}",
+    )
+
+
+def prctl(option: int, value: int, what: str) -> None:
+    check(LIBC.prctl(option, ctypes.c_ulong(value), 0, 0, 0), what)
+
+
+def write_file(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def report(message: str) -> None:
+    """Tell the backend why the sandbox could not be set up (the command never ran)."""
+    try:
+        os.write(2, f"asyncsandbox launcher: {message}\n".encode(errors="replace")[:4000])
+    except OSError:
+        pass
+
+
+# -- the launcher (host PID namespace) ---------------------------------------------------
+
+
+def launcher(spec_fd: int) -> None:
+    with os.fdopen(spec_fd, "rb") as spec_file:
+        spec = marshal.loads(spec_file.read())
+    parent = os.getppid()
+    for procs in spec["cgroups"]:  # before anything else: every process is accounted
+        write_file(procs, str(os.getpid()))
+    if spec["host_uid"] is not None:  # root: become the sandbox's own host user
+        os.setgroups([])
+        os.setresgid(spec["host_gid"], spec["host_gid"], spec["host_gid"])
+        os.setresuid(spec["host_uid"], spec["host_uid"], spec["host_uid"])
+        # Changing uid made us undumpable, which leaves /proc/self/uid_map to root.
+        prctl(PR_SET_DUMPABLE, 1, "make the launcher dumpable")
+    # After the uid change, which clears it: die with the backend.
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL, "set the parent-death signal")
+    if os.getppid() != parent:  # the backend died before we armed the signal
+        os._exit(SETUP_FAILED)
+    uid, gid = os.geteuid(), os.getegid()
+    if uid == 0:
+        raise SetupError("refusing to map the sandbox user to the host's root")
+    check(LIBC.unshare(CLONE_NEWUSER), "create a user namespace")
+    write_file("/proc/self/setgroups", "deny")
+    write_file("/proc/self/uid_map", f"{spec['uid']} {uid} 1\n")
+    write_file("/proc/self/gid_map", f"{spec['uid']} {gid} 1\n")
+    prctl(PR_SET_DUMPABLE, 0, "make the launcher undumpable")
+    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
+    if spec["network"] == "none":
+        flags |= CLONE_NEWNET
+    check(LIBC.unshare(flags), "create the namespaces")
+    pid = os.fork()
+    if pid == 0:
+        init(spec)  # never returns
+    for signum in FORWARDED:
+        signal.signal(signum, lambda signum, frame: os.kill(pid, signum))
+    _, status = os.waitpid(pid, 0)
+    os._exit(exit_code(status))
+
+
+def exit_code(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+# -- init (PID 1) ------------------------------------------------------------------------
+
+
+def init(spec: Spec) -> NoReturn:
+    # Before anything can signal us: a signal to init is forwarded to the command (and
+    # ignored while there is none), never raised here as KeyboardInterrupt.
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
+    try:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, "set the parent-death signal")
+        view = spec["root"] + "/view"
+        build_view(spec, view)
+        enter(view)
+        check(LIBC.sethostname(b"sandbox", 7), "set the host name")
+        if spec["network"] == "none":
+            loopback_up()
+        start(spec)
+    except SetupError as exc:
+        report(str(exc))
+        os._exit(SETUP_FAILED)
+    except BaseException as exc:  # noqa: BLE001 - anything here means "not started"
+        report(f"{type(exc).__name__}: {exc}")
+        os._exit(SETUP_FAILED)
+    os._exit(reap())
+
+
+def build_view(spec: Spec, view: str) -> None:
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount("tmpfs", view, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    source = spec["source"]
+    readonly = []
+    for kind, name, target in spec["entries"]:
+        path = f"{view}/{name}"
+        if kind == "l":
+            os.symlink(target, path)
+            continue
+        host = spec["etc"] if name == "etc" else f"{source}/{name}"
+        if os.path.isdir(host):
+            os.mkdir(path)
+        else:
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+        mount(host, path, None, MS_BIND | MS_REC)
+        readonly.append(os.path.realpath(path))
+    make_readonly(readonly)
+    for name in ("proc", "dev", "tmp", "home/sandbox"):
+        makedirs(f"{view}/{name}")
+    # A private /proc of the new PID namespace, read-only: /proc/1/mem and the like cannot
+    # be opened for writing even where permissions would allow it.
+    mount("proc", f"{view}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    remount(f"{view}/proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    build_dev(f"{view}/dev", spec["shm_size"])
+    for host, inside in spec["writable"]:
+        makedirs(view + inside)
+        mount(host, view + inside, None, MS_BIND | MS_REC)
+        remount(view + inside, MS_NOSUID | MS_NODEV)
+    for name, target in spec["shims"]:
+        makedirs(os.path.dirname(view + name))
+        os.symlink(target, view + name)
+    remount(view, MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def build_dev(dev: str, shm_size: str) -> None:
+    """A minimal private /dev: the harmless devices bound from the host, its own /dev/shm
+    and pseudo-terminals, nothing else."""
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
+    for name in DEVICES:
+        path = f"{dev}/{name}"
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o666))
+        mount(f"/dev/{name}", path, None, MS_BIND)
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+    ):
+        os.symlink(target, f"{dev}/{name}")
+    os.mkdir(f"{dev}/shm")
+    mount("tmpfs", f"{dev}/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={shm_size}")
+    os.mkdir(f"{dev}/pts")
+    # Pseudo-terminals where the kernel allows devpts in a user namespace; none otherwise.
+    try:
+        mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,mode=620")
+    except SetupError:
+        pass
+    remount(dev, MS_RDONLY | MS_NOSUID | MS_NOEXEC)
+
+
+def make_readonly(points: list[str]) -> None:
+    """Make every mount at or under ``points`` read-only and nosuid, keeping the flags the
+    kernel locks in a user namespace (a bind mount does not apply flags to submounts)."""
+    with open("/proc/self/mountinfo", "rb") as f:
+        table = [
+            (unescape(fields[4]), fields[5].decode().split(",")) for fields in map(bytes.split, f)
+        ]
+    for top in points:
+        below = [(p, o) for p, o in table if p == top or p.startswith(top + "/")]
+        if not any(p == top for p, _ in below):
+            raise SetupError(f"{top} is not a mount point after binding it")
+        for point, options in below:
+            flags = MS_NOSUID | MS_RDONLY
+            for option in options:
+                flags |= MOUNT_OPTIONS.get(option, 0)
+            if not flags & (MS_NOATIME | MS_RELATIME):
+                flags |= MS_STRICTATIME
+            try:
+                remount(point, flags)
+            except SetupError as exc:
+                # A submount we cannot even look into cannot be reached from inside either.
+                if point == top or exc.err != errno.EACCES:
+                    raise
+
+
+def unescape(raw: bytes) -> str:
+    out, i = bytearray(), 0
+    while i < len(raw):
+        if raw[i] == 0x5C and i + 3 < len(raw):  # \ooo
+            out.append(int(raw[i + 1 : i + 4], 8))
+            i += 4
+        else:
+            out.append(raw[i])
+            i += 1
+    return os.fsdecode(bytes(out))
+
+
+def remount(path: str, flags: int) -> None:
+    mount(None, path, None, MS_REMOUNT | MS_BIND | flags)
+
+
+def makedirs(path: str) -> None:
+    try:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise SetupError(f"create {path}", exc.errno) from None
+
+
+def enter(view: str) -> None:
+    """Make ``view`` the root, with the host's root detached (not merely hidden, as chroot
+    would leave it)."""
+    os.chdir(view)
+    number = SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise SetupError(f"pivot_root: unknown system call number on {os.uname().machine}")
+    check(LIBC.syscall(number, b".", b"."), "pivot_root")
+    check(LIBC.umount2(b".", MNT_DETACH), "detach the old root")
+    os.chdir("/")
+
+
+def loopback_up() -> None:
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    try:
+        request = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(s, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+    finally:
+        s.close()
+
+
+COMMAND = [0]  # the command's pid, once forked
+
+
+def start(spec: Spec) -> None:
+    """Fork the command."""
+    prctl(PR_SET_DUMPABLE, 0, "make init undumpable")
+    bpf = spec["seccomp"]
+    pid = os.fork()
+    if pid == 0:
+        command(spec, bpf)  # never returns
+    COMMAND[0] = pid
+
+
+def command(spec: Spec, bpf: bytes | None) -> NoReturn:
+    """In the command's process: shed every privilege, then run the program."""
+    try:
+        os.setsid()
+        prctl(PR_SET_DUMPABLE, 1, "make the command dumpable")
+        for signum in range(1, signal.NSIG):
+            if signum not in (signal.SIGKILL, signal.SIGSTOP):
+                try:
+                    signal.signal(signum, signal.SIG_DFL)
+                except (OSError, ValueError):
+                    pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        drop_capabilities(spec["cap_last_cap"])
+        prctl(PR_SET_NO_NEW_PRIVS, 1, "set no_new_privs")
+        if bpf is not None:
+            load_seccomp(bpf)  # last: the filter also binds what we do from here on
+        os.write(2, STARTED)
+    except BaseException as exc:  # noqa: BLE001 - the command never started
+        report(str(exc) if isinstance(exc, SetupError) else f"{type(exc).__name__}: {exc}")
+        os._exit(SETUP_FAILED)
+    # From here on, what happens is the command's outcome, reported as a shell would.
+    argv, env = spec["argv"], spec["env"]
+    try:
+        os.chdir(spec["cwd"])
+    except OSError:
+        os.write(2, f"cannot change to directory {spec['cwd']}\n".encode(errors="replace"))
+        os._exit(126)
+    error = execvpe(argv, env)
+    code = 127 if error in (errno.ENOENT, errno.ENOTDIR) else 126
+    reason = "not found" if code == 127 else os.strerror(error)
+    os.write(2, f"{argv[0]}: {reason}\n".encode(errors="replace"))
+    os._exit(code)
+
+
+def execvpe(argv: list[str], env: dict[str, str]) -> int:
+    """Run ``argv[0]`` found on the environment's PATH, as the C library's execvpe does
+    (without importing the modules ``os.execvpe`` needs); return the errno if it fails."""
+    name = argv[0]
+    if "/" in name:
+        candidates = [name]
+    else:
+        path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        candidates = [f"{d or '.'}/{name}" for d in path.split(":")]
+    error = errno.ENOENT
+    for candidate in candidates:
+        try:
+            os.execve(candidate, argv, env)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                error = exc.errno or errno.EACCES  # remembered, as execvp does
+    return error
+
+
+def drop_capabilities(cap_last: int) -> None:
+    for cap in range(cap_last + 1):
+        failed = LIBC.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) != 0
+        if failed and ctypes.get_errno() != errno.EINVAL:  # EINVAL: the kernel lacks it
+            raise SetupError(f"drop capability {cap}", ctypes.get_errno())
+    LIBC.prctl(PR_CAP_AMBIENT, ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0)
+    header = struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0)
+    data = bytes(24)  # two of {effective, permitted, inheritable}, all empty
+    check(LIBC.capset(header, data), "drop capabilities")
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+
+def load_seccomp(bpf: bytes) -> None:
+    program = ctypes.create_string_buffer(bpf, len(bpf))
+    prog = SockFprog(len(bpf) // 8, ctypes.addressof(program))
+    check(
+        LIBC.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(prog), 0, 0),
+        "load the seccomp filter",
+    )
+
+
+def reap() -> int:
+    """Reap until the command exits; then kill what it left and return its status."""
+    pid, code = COMMAND[0], None
+    while code is None:
+        try:
+            child, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return SETUP_FAILED  # cannot happen: the command is our child
+        if child == pid:
+            code = exit_code(status)
+    # The command owns what it started: background jobs and daemons die with it.
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return code
+
+
+def forward(signum: int, frame: object) -> None:
+    if COMMAND[0]:
+        try:
+            os.kill(COMMAND[0], signum)
+        except ProcessLookupError:
+            pass
+
+
+if __name__ == "__main__":
+    try:
+        launcher(int(sys.argv[1]))
+    except SetupError as exc:
+        report(str(exc))
+        os._exit(SETUP_FAILED)
+    except BaseException as exc:  # noqa: BLE001 - report, never a traceback on stderr
+        report(f"{type(exc).__name__}: {exc}")
+        os._exit(SETUP_FAILED)
