@@ -1,0 +1,101 @@
+"""A sandbox that cannot be set up is an infrastructure error, never the command's exit
+status (issue: correct solutions scored 0 while the host managed its users).
+
+The host's ``/etc/passwd`` and ``/etc/group`` replaced by rename in a loop — as
+``useradd``, package installs and configuration management do — while commands run, on
+every isolation mechanism: each exec returns the command's own status or raises a typed
+:class:`~asyncsandbox.InfrastructureError`. The churn happens on a private copy of
+``/etc`` bind-mounted in a private mount namespace of a child process, so the host's own
+files are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ._report import REPORT
+from .conftest import new_process_root
+from .test_escapes import MECHANISMS, unavailable
+
+CHURN = r"""
+import collections, ctypes, json, os, shutil, sys, threading
+import anyio
+import asyncsandbox
+
+mechanism, root, copy = sys.argv[1:4]
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS, MS_REC, MS_PRIVATE, MS_BIND = 0x20000, 16384, 1 << 18, 4096
+assert libc.unshare(CLONE_NEWNS) == 0, os.strerror(ctypes.get_errno())
+assert libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0
+shutil.copytree("/etc", copy, symlinks=True)
+assert libc.mount(copy.encode(), b"/etc", None, MS_BIND | MS_REC, None) == 0
+stop = threading.Event()
+replaced = [0]
+
+def churn():
+    while not stop.is_set():
+        for name in ("passwd", "group"):
+            shutil.copyfile("/etc/" + name, "/etc/" + name + ".new")
+            os.rename("/etc/" + name + ".new", "/etc/" + name)
+            replaced[0] += 1
+
+statuses, errors = collections.Counter(), collections.Counter()
+
+async def main():
+    limits = asyncsandbox.Limits(max_execs=16)
+    options = {"root": root, "isolation": mechanism}
+    async with asyncsandbox.Session(
+        "process", backend_options=options, limits=limits, sweep=False, report_to=[]
+    ) as s:
+        threading.Thread(target=churn, daemon=True).start()
+        sandboxes = [await s.sandbox().start() for _ in range(4)]
+
+        async def run(sb):
+            try:
+                statuses[(await sb.exec(["true"])).returncode] += 1
+            except asyncsandbox.InfrastructureError as exc:
+                errors[type(exc).__name__] += 1
+
+        async with anyio.create_task_group() as tg:
+            for i in range(400):
+                tg.start_soon(run, sandboxes[i % 4])
+    stop.set()
+
+anyio.run(main)
+print(json.dumps({"statuses": statuses, "errors": errors, "replaced": replaced[0]}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a private mount namespace needs root")
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_host_replacing_etc_files_never_becomes_an_exit_status(
+    mechanism: str, tmp_path: Path
+) -> None:
+    reason = unavailable(mechanism)
+    if reason:
+        pytest.skip(reason)
+    root = new_process_root()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", CHURN, mechanism, str(root), str(tmp_path / "etc")],
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    outcome = json.loads(done.stdout)
+    statuses, errors = outcome["statuses"], outcome["errors"]
+    REPORT.fault("etc replaced by rename", f"process-{mechanism}", json.dumps(outcome))
+    assert outcome["replaced"] > 100, "the churn did not run"
+    # `true` exits 0; a typed infrastructure error is allowed, a setup tool's status is not.
+    assert set(statuses) <= {"0"}, outcome
+    assert sum(statuses.values()) + sum(errors.values()) == 400
