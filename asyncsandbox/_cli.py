@@ -145,7 +145,23 @@ async def _cmd_backends(args: argparse.Namespace) -> int:
         except SandboxError as exc:
             detail = f"unavailable: {exc}"
         print(f"{name:<8} {detail}")
+        if name == "process":
+            await _print_mechanisms()
     return 0
+
+
+async def _print_mechanisms() -> None:
+    """What each isolation mechanism of the process backend provides on this machine."""
+    print("         isolation mechanisms here (backend_options={'isolation': NAME}):")
+    for mode in ("bwrap", "native"):
+        try:
+            backend = create_backend("process", {"isolation": mode})
+            async with backend:
+                detail = "available: " + backend.capabilities.isolation
+        except SandboxError as exc:
+            detail = f"unavailable: {exc}"
+        print(f"           {mode:<7} {detail}")
+    print("           none    only when asked for by name: no isolation at all")
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
