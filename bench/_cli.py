@@ -46,8 +46,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 DEFAULT_SYSTEMS: dict[str, tuple[str, ...]] = {
     "exec": (
         "asyncsandbox-docker", "asyncsandbox-docker-api", "asyncsandbox-docker-fast",
-        "raw-aiodocker", "docker-py", "docker-cli", "asyncsandbox-process", "host-spawn",
-        "bwrap-spawn",
+        "raw-aiodocker", "docker-py", "docker-cli", "asyncsandbox-process",
+        "asyncsandbox-process-bwrap", "asyncsandbox-process-native", "host-spawn", "bwrap-spawn",
     ),
     "lifecycle": (
         "asyncsandbox-docker", "asyncsandbox-docker-pool", "raw-aiodocker", "docker-py",

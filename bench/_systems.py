@@ -374,13 +374,24 @@ def _pool_level(session: Any) -> int | None:
 
 
 class AsyncsandboxProcess(Asyncsandbox):
+    isolation: str | None = None  # the backend's own choice
+
     def __init__(self, name: str, config: Config) -> None:
-        super().__init__(
-            name, config, lambda: "process", backend_options={"root": config.process_root}
-        )
+        options: dict[str, Any] = {"root": config.process_root}
+        if self.isolation is not None:
+            options["isolation"] = self.isolation
+        super().__init__(name, config, lambda: "process", backend_options=options)
 
     def leftovers(self) -> int | None:
         return process_leftovers(self.config.process_root)
+
+
+class AsyncsandboxProcessBwrap(AsyncsandboxProcess):
+    isolation = "bwrap"
+
+
+class AsyncsandboxProcessNative(AsyncsandboxProcess):
+    isolation = "native"
 
 
 def process_leftovers(root: str) -> int | None:
@@ -703,8 +714,24 @@ SYSTEMS: dict[str, SystemInfo] = {
         "process",
         ALL_WORKLOADS,
         "Session(ProcessBackend(root=/var/lib/asyncsandbox/bench-<run>)), default Limits: "
-        "the embedded backend (bubblewrap namespaces, cgroups as root)",
+        "the embedded backend (its default mechanism: bubblewrap if installed; cgroups as "
+        "root)",
         AsyncsandboxProcess,
+    ),
+    "asyncsandbox-process-bwrap": SystemInfo(
+        "asyncsandbox-process-bwrap",
+        "process",
+        ALL_WORKLOADS,
+        "the process backend with isolation='bwrap' (bubblewrap, seccomp, distinct uids)",
+        AsyncsandboxProcessBwrap,
+    ),
+    "asyncsandbox-process-native": SystemInfo(
+        "asyncsandbox-process-native",
+        "process",
+        ALL_WORKLOADS,
+        "the process backend with isolation='native' (its own launcher in Python: the "
+        "fallback where bubblewrap is missing)",
+        AsyncsandboxProcessNative,
     ),
     "raw-aiodocker": SystemInfo(
         "raw-aiodocker",
