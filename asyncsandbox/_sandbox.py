@@ -339,15 +339,16 @@ class Sandbox:
                 with anyio.CancelScope(deadline=deadline) as scope:
                     self._scopes.add(scope)
                     try:
-                        status = await session._backend_call(
-                            handle.exec(
+                        status = await session._launch(
+                            "exec",
+                            lambda: handle.exec(
                                 args.argv,
                                 cwd=args.cwd,
                                 env=args.env,
                                 stdin=args.stdin,
                                 on_output=on_output,
                             ),
-                            sandbox=self,
+                            self,
                         )
                     finally:
                         self._scopes.discard(scope)
@@ -403,8 +404,8 @@ class Sandbox:
         limit = check.positive_int("max_bytes", max_bytes)
         handle = await self._live_handle()
         async with self._session._exec_slot():
-            return await self._session._backend_call(
-                handle.read_file(target, max_bytes=limit), sandbox=self
+            return await self._session._launch(
+                "read_file", lambda: handle.read_file(target, max_bytes=limit), self
             )
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
@@ -419,8 +420,9 @@ class Sandbox:
         check.permission_mode("mode", mode)
         handle = await self._live_handle()
         async with self._session._exec_slot():
-            await self._session._backend_call(
-                handle.write_file(target, bytes(content), mode=mode), sandbox=self
+            payload = bytes(content)
+            await self._session._launch(
+                "write_file", lambda: handle.write_file(target, payload, mode=mode), self
             )
 
     async def upload(self, local: str | PathLike[str], remote: str) -> None:

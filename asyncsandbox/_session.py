@@ -23,6 +23,7 @@ from ._errors import (
     BackendTimeout,
     InfrastructureError,
     InvalidArgument,
+    LaunchError,
     SandboxClosed,
     SandboxDied,
     SandboxError,
@@ -683,19 +684,30 @@ class Session:
                 assert timeout is not None
                 raise BackendTimeout(name, timeout)
             except InfrastructureError as exc:
-                if not exc.retryable or attempt >= self.retries.attempts:
-                    raise
-                delay = random.uniform(
-                    0, min(self.retries.max_backoff, self.retries.backoff * 2 ** (attempt - 1))
-                )
-                self._log.warning(
-                    "backend.retry",
-                    operation=name,
-                    attempt=attempt,
-                    delay=round(delay, 3),
-                    error=str(exc),
-                )
-                await anyio.sleep(delay)
+                await self._before_retry(name, attempt, exc)
+
+    async def _launch(self, name: str, call: Callable[[], Awaitable[T]], sandbox: Sandbox) -> T:
+        """A command or file operation in a sandbox: retried only when the backend could
+        not launch it (:class:`LaunchError`: it never ran, so running it again is safe)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self._backend_call(call(), sandbox=sandbox)
+            except LaunchError as exc:
+                await self._before_retry(name, attempt, exc)
+
+    async def _before_retry(self, name: str, attempt: int, exc: InfrastructureError) -> None:
+        """Re-raise ``exc`` unless the retry policy allows another attempt; then back off."""
+        if not exc.retryable or attempt >= self.retries.attempts:
+            raise exc
+        delay = random.uniform(
+            0, min(self.retries.max_backoff, self.retries.backoff * 2 ** (attempt - 1))
+        )
+        self._log.warning(
+            "backend.retry", operation=name, attempt=attempt, delay=round(delay, 3), error=str(exc)
+        )
+        await anyio.sleep(delay)
 
     async def _backend_call(self, awaitable: Awaitable[T], *, sandbox: Sandbox | None) -> T:
         """Await a backend call, translating what escapes the contract."""

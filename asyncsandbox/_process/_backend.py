@@ -139,6 +139,7 @@ def _warn_once(key: str, event: str, **fields: Any) -> None:
 
 
 _SELECTED: dict[tuple[Mode, bool], Mechanism] = {}
+_ETC_SNAPSHOTS: dict[tuple[Path, Path], Path] = {}  # (backend root, system root) -> snapshot
 
 
 def _select(mode: Mode, seccomp: bool, scratch: Path, etc: Path, ids: HostIds | None) -> Mechanism:
@@ -232,7 +233,6 @@ class ProcessBackend(Backend):
         self._mechanism: Mechanism | None = None
         self._cgroups: Cgroups | None = None
         self._caps: BackendCapabilities | None = None
-        self._etc: dict[Path, Path] = {}  # system root -> its /etc snapshot
         self._handles: dict[str, ProcessSandbox] = {}
 
     async def __aenter__(self) -> Self:
@@ -293,11 +293,12 @@ class ProcessBackend(Backend):
         )
 
     def _etc_for(self, image: Path | None) -> Path:
-        """The /etc snapshot of the host (``None``) or of an image, made on first use."""
-        source = Path("/") if image is None else image
-        snapshot = self._etc.get(source)
+        """The /etc snapshot of the host (``None``) or of an image, made on first use in
+        this process (and shared by its backends with the same root)."""
+        key = (self.root, Path("/") if image is None else image)
+        snapshot = _ETC_SNAPSHOTS.get(key)
         if snapshot is None or not snapshot.is_dir():
-            snapshot = self._etc[source] = _layout.etc_snapshot(self.root / ".etc", source)
+            snapshot = _ETC_SNAPSHOTS[key] = _layout.etc_snapshot(self.root / ".etc", key[1])
         return snapshot
 
     def _sweep_etc(self) -> None:

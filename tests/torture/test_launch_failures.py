@@ -18,7 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
+from structlog.testing import capture_logs
+
+from asyncsandbox import LaunchError, RetryPolicy, Session
 
 from ._report import REPORT
 from .conftest import new_process_root
@@ -99,3 +103,72 @@ def test_host_replacing_etc_files_never_becomes_an_exit_status(
     # `true` exits 0; a typed infrastructure error is allowed, a setup tool's status is not.
     assert set(statuses) <= {"0"}, outcome
     assert sum(statuses.values()) + sum(errors.values()) == 400
+
+
+# -- a launch failure is typed, counted, and retried when transient ---------------------
+
+
+@pytest.fixture(params=MECHANISMS)
+def mechanism(request: pytest.FixtureRequest) -> str:
+    reason = unavailable(str(request.param))
+    if reason:
+        pytest.skip(reason)
+    return str(request.param)
+
+
+async def test_a_sandbox_that_cannot_be_set_up_raises_launch_error(mechanism: str) -> None:
+    """The sandbox's /etc taken away: the launcher cannot build the view. The command never
+    runs, exec raises LaunchError (not an exit status), the metrics count it; once /etc is
+    back, the same sandbox works."""
+    root = new_process_root()
+    options = {"root": root, "isolation": mechanism}
+    retries = RetryPolicy(attempts=2, backoff=0.01)
+    try:
+        async with (
+            Session("process", backend_options=options, retries=retries, sweep=False) as s,
+            s.sandbox() as sb,
+        ):
+            etc = anyio.Path(sb._handle._layout.etc)  # type: ignore[union-attr]
+            aside = etc.with_name(etc.name + ".aside")
+            await etc.rename(aside)
+            with capture_logs() as logs, pytest.raises(LaunchError) as caught:
+                await sb.exec(["touch", "ran"])
+            await aside.rename(etc)
+            assert caught.value.retryable
+            assert str(etc) in str(caught.value)  # the launcher's own words
+            assert [e["event"] for e in logs].count("backend.retry") == 1  # 2 attempts
+            assert s.metrics()["asyncsandbox/exec_infrastructure_errors"] == 1
+            assert (await sb.exec(["ls", "ran"])).returncode != 0  # it never ran
+            assert (await sb.exec(["true"])).returncode == 0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_a_transient_launch_failure_is_retried(mechanism: str) -> None:
+    root = new_process_root()
+    options = {"root": root, "isolation": mechanism}
+    retries = RetryPolicy(attempts=6, backoff=0.5, max_backoff=0.5)
+    try:
+        async with (
+            Session("process", backend_options=options, retries=retries, sweep=False) as s,
+            s.sandbox() as sb,
+        ):
+            etc = anyio.Path(sb._handle._layout.etc)  # type: ignore[union-attr]
+            aside = etc.with_name(etc.name + ".aside")
+            await etc.rename(aside)
+            with capture_logs() as logs:
+                async with anyio.create_task_group() as tg:
+                    results: list[int] = []
+
+                    async def run() -> None:
+                        results.append((await sb.exec(["echo", "ran"])).returncode)
+
+                    tg.start_soon(run)
+                    # The first attempt fails at once; restore /etc during the backoff.
+                    with anyio.fail_after(30):
+                        while not any(e["event"] == "backend.retry" for e in logs):  # noqa: ASYNC110 - logs have no event to wait on
+                            await anyio.sleep(0.01)
+                    await aside.rename(etc)
+            assert results == [0]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
