@@ -258,7 +258,7 @@ def build_view(spec: Spec, view: str) -> None:
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
         mount(host, path, None, MS_BIND | MS_REC)
         readonly.append(os.path.realpath(path))
-    make_readonly(readonly)
+    restrict(readonly, MS_RDONLY)
     for name in ("proc", "dev", "tmp", "home/sandbox"):
         makedirs(f"{view}/{name}")
     # A private /proc of the new PID namespace, read-only: /proc/1/mem and the like cannot
@@ -266,10 +266,12 @@ def build_view(spec: Spec, view: str) -> None:
     mount("proc", f"{view}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     remount(f"{view}/proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     build_dev(f"{view}/dev", spec["shm_size"])
+    writable = []
     for host, inside in spec["writable"]:
         makedirs(view + inside)
         mount(host, view + inside, None, MS_BIND | MS_REC)
-        remount(view + inside, MS_NOSUID | MS_NODEV)
+        writable.append(os.path.realpath(view + inside))
+    restrict(writable, MS_NODEV)
     for name, target in spec["shims"]:
         makedirs(os.path.dirname(view + name))
         os.symlink(target, view + name)
@@ -303,9 +305,10 @@ def build_dev(dev: str, shm_size: str) -> None:
     remount(dev, MS_RDONLY | MS_NOSUID | MS_NOEXEC)
 
 
-def make_readonly(points: list[str]) -> None:
-    """Make every mount at or under ``points`` read-only and nosuid, keeping the flags the
-    kernel locks in a user namespace (a bind mount does not apply flags to submounts)."""
+def restrict(points: list[str], flags: int) -> None:
+    """Add ``flags`` and nosuid to every mount at or under ``points``, keeping the flags
+    the kernel locks in a user namespace (a bind mount does not apply flags to submounts,
+    and a remount that dropped a locked flag such as the host's noexec would fail)."""
     with open("/proc/self/mountinfo", "rb") as f:
         table = [
             (unescape(fields[4]), fields[5].decode().split(",")) for fields in map(bytes.split, f)
@@ -315,13 +318,13 @@ def make_readonly(points: list[str]) -> None:
         if not any(p == top for p, _ in below):
             raise SetupError(f"{top} is not a mount point after binding it")
         for point, options in below:
-            flags = MS_NOSUID | MS_RDONLY
+            wanted = flags | MS_NOSUID
             for option in options:
-                flags |= MOUNT_OPTIONS.get(option, 0)
-            if not flags & (MS_NOATIME | MS_RELATIME):
-                flags |= MS_STRICTATIME
+                wanted |= MOUNT_OPTIONS.get(option, 0)
+            if not wanted & (MS_NOATIME | MS_RELATIME):
+                wanted |= MS_STRICTATIME
             try:
-                remount(point, flags)
+                remount(point, wanted)
             except SetupError as exc:
                 # A submount we cannot even look into cannot be reached from inside either.
                 if point == top or exc.err != errno.EACCES:
