@@ -193,6 +193,68 @@ async def test_capacity_timeout_raises_and_leaks_no_slot() -> None:
         assert s.statistics().live.active == 0
 
 
+async def test_a_long_wait_for_capacity_is_logged_with_its_likely_cause() -> None:
+    """The seeds' pattern, `session.sandbox().exec(...)` without a stop, fills max_live:
+    the next start waits, and after `capacity_warning` seconds a warning says why."""
+    with structlog.testing.capture_logs() as logs:
+        async with session(limits=Limits(max_live=2, capacity_warning=0.2)) as s:
+            for _ in range(2):
+                await s.sandbox().exec(["true"])  # never stopped
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(s.run, ["true"])
+                await anyio.sleep(0.6)  # three times the warning delay: still one warning
+                assert s.statistics().live.waiting == 3
+                tg.cancel_scope.cancel()
+            assert s.statistics().live.active == 2  # the cancelled waits took no slot
+    warnings = [e for e in logs if e["event"] == "session.capacity.waiting"]
+    assert len(warnings) == 1
+    warning = warnings[0]
+    assert warning["log_level"] == "warning"
+    assert (warning["limit"], warning["active"], warning["max"]) == ("live", 2, 2)
+    assert warning["waited_seconds"] >= 0.2
+    assert "2/2 in use, 3 waiting" in warning["message"]
+    assert "never stopped" in warning["message"]
+    assert "2 of the 2 live sandboxes run no command right now" in warning["message"]
+
+
+async def test_capacity_warning_off_and_fifo_kept_with_it() -> None:
+    with structlog.testing.capture_logs() as logs:
+        async with (
+            session(limits=Limits(max_live=1, capacity_warning=None)) as s,
+            s.sandbox(),
+        ):
+            with anyio.move_on_after(0.3):
+                await s.sandbox().start()
+    assert not [e for e in logs if e["event"] == "session.capacity.waiting"]
+    order: list[int] = []
+    async with session(limits=Limits(max_live=1, capacity_warning=0.01)) as s:
+
+        async def run(i: int) -> None:
+            async with s.sandbox():
+                order.append(i)
+                await anyio.sleep(0.03)  # longer than the warning delay
+
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(run, i)
+                await anyio.sleep(0.001)  # arrive in order
+    assert order == list(range(6))
+    with pytest.raises(InvalidArgument):
+        Limits(capacity_warning=-1)
+
+
+async def test_capacity_timeout_with_a_warning_timer_leaks_no_slot() -> None:
+    async with session(limits=Limits(max_live=1, capacity_timeout=0.1, capacity_warning=0.05)) as s:
+        holder = await s.sandbox().start()
+        with pytest.raises(CapacityTimeout):
+            await s.sandbox().start()
+        await holder.stop()
+        assert s.statistics().live.active == 0
+        async with s.sandbox() as sb:
+            await sb.exec(["true"])
+
+
 async def test_repr_shows_limits() -> None:
     async with session(limits=Limits(max_live=4)) as s:
         await s.sandbox().start()
