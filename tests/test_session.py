@@ -581,7 +581,26 @@ async def test_wait_timeout_and_validation() -> None:
         with pytest.raises(InvalidArgument, match="Operation handles"):
             await asyncsandbox.wait([not_an_operation])  # type: ignore[list-item]
         not_an_operation.close()
+        with pytest.raises(InvalidArgument, match="a list of operations"):
+            asyncsandbox.wait(op)  # type: ignore[arg-type, unused-coroutine]
         op.cancel()
+
+
+def test_wait_and_as_completed_reject_sync_handles_when_called() -> None:
+    """Called without await on the blocking facade's handles, they raise at once instead
+    of returning a coroutine that never runs."""
+    from asyncsandbox.sync import SyncSession
+
+    with SyncSession(FakeBackend(), sweep=False) as s:
+        handle = s.sandbox().exec(["true"])
+        for function in (asyncsandbox.wait, asyncsandbox.as_completed):
+            with pytest.raises(InvalidArgument) as info:
+                function([handle])  # type: ignore[list-item]
+            name = function.__name__
+            assert f"for Handles of asyncsandbox.sync use asyncsandbox.sync.{name}()" in str(
+                info.value
+            )
+        assert handle.result().returncode == 0
 
 
 # -- listing and garbage collection -------------------------------------------------------
