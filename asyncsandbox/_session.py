@@ -351,7 +351,11 @@ class Session:
         this_session: bool = False,
     ) -> builtins.list[SandboxInfo]:
         """Sandboxes of the backend carrying all ``tags`` — of any session or process,
-        unless ``this_session`` — optionally only those in ``status``."""
+        unless ``this_session`` — optionally only those in ``status``.
+
+        A sandbox whose owner process is gone, or whose lifetime is over, is listed as
+        :attr:`SandboxStatus.DEAD` whatever its backend says: nobody will use it again, and
+        the garbage collector (``asyncsandbox gc``, the next Session) removes it."""
         labels = _owner.tag_labels(check.tags(tuple(tags) if not isinstance(tags, str) else tags))
         if this_session:
             labels[_owner.SESSION] = self.id
@@ -362,7 +366,14 @@ class Session:
             "list", lambda: backend.list(labels=labels), timeout=self.timeouts.operation
         )
         out = [
-            msgspec.structs.replace(i, tags=_owner.tags_of(i.labels), backend=self._backend_name)
+            msgspec.structs.replace(
+                i,
+                tags=_owner.tags_of(i.labels),
+                backend=self._backend_name,
+                status=SandboxStatus.DEAD
+                if _owner.garbage_reason(i.labels) is not None
+                else i.status,
+            )
             for i in infos
         ]
         return [i for i in out if wanted is None or i.status in wanted]
