@@ -171,7 +171,8 @@ def test_context_managers(process_root: Path) -> None:
 def test_unclosed_session_is_closed_when_collected(process_root: Path) -> None:
     def use() -> None:
         session = process_session(process_root)
-        assert session.sandbox().exec(["true"]).result().returncode == 0
+        sandbox = session.sandbox()  # held: a dropped sandbox is stopped on its own
+        assert sandbox.exec(["true"]).result().returncode == 0
         assert len(sandbox_dirs(process_root)) == 1
 
     use()
