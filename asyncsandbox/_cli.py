@@ -16,6 +16,7 @@ import structlog
 from ._config import SandboxDefaults
 from ._errors import ExecTimeout, SandboxError
 from ._models import SandboxInfo
+from ._owner import garbage_reason
 from ._registry import available_backends, create_backend
 from ._session import Session
 
@@ -67,7 +68,11 @@ def _print_infos(infos: list[SandboxInfo], as_json: bool) -> None:
     now = time.time()
     for info in infos:
         age = "" if info.created_at is None else f"{now - info.created_at:7.0f}s"
-        print(f"{info.id:<20} {info.status.value:<9} {age:>8}  {','.join(info.tags)}")
+        line = f"{info.id:<20} {info.status.value:<9} {age:>8}  {','.join(info.tags)}"
+        reason = garbage_reason(info.labels)
+        if reason is not None:
+            line += f"  ({reason}: `asyncsandbox gc` removes it)"
+        print(line.rstrip())
 
 
 async def _cmd_demo(args: argparse.Namespace) -> int:

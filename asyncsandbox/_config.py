@@ -114,12 +114,17 @@ class Limits(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Concurrent commands and file transfers over all sandboxes of the session."""
     capacity_timeout: float | None = None
     """Longest wait for any slot before :class:`CapacityTimeout`; ``None`` waits forever."""
+    capacity_warning: float | None = 5.0
+    """Seconds of waiting for a slot after which a warning is logged (``session.capacity.
+    waiting``, naming the limit, how many hold it, and the likely cause), then at most every
+    30 s per limit; ``None``: never."""
 
     def __post_init__(self) -> None:
         check.optional_positive_int("max_live", self.max_live)
         check.positive_int("max_lifecycle", self.max_lifecycle)
         check.optional_positive_int("max_execs", self.max_execs)
         check.seconds("capacity_timeout", self.capacity_timeout)
+        check.seconds("capacity_warning", self.capacity_warning)
 
 
 class Timeouts(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True):

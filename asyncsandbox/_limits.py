@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 
 import anyio
 import msgspec
@@ -12,6 +12,9 @@ import msgspec
 from ._errors import CapacityTimeout
 
 __all__ = ("Limiter", "LimiterStatistics")
+
+WARNING_INTERVAL = 30.0
+"""Seconds between two slow-wait warnings of one limit."""
 
 
 class LimiterStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,9 +49,14 @@ class Limiter:
         *,
         capacity_timeout: float | None,
         on_wait: Callable[[float], None] | None = None,
+        warn_after: float | None = None,
+        on_slow_wait: Callable[[Limiter, float], None] | None = None,
     ) -> None:
         self.name = name
         self._on_wait = on_wait
+        self._warn_after = warn_after if on_slow_wait is not None else None
+        self._on_slow_wait = on_slow_wait
+        self._last_warning = -math.inf
         self.limit = limit
         self._capacity_timeout = math.inf if capacity_timeout is None else capacity_timeout
         self._semaphore = None if limit is None else anyio.Semaphore(limit, fast_acquire=True)
@@ -71,11 +79,26 @@ class Limiter:
         ):
             started = anyio.current_time()
             self._waiting += 1
+            acquired = False
             try:
                 with anyio.fail_after(self._capacity_timeout if bounded else math.inf):
-                    await self._semaphore.acquire()
-            except TimeoutError:
-                raise CapacityTimeout(self.name, anyio.current_time() - started) from None
+                    if self._warn_after is None:
+                        await self._semaphore.acquire()
+                        acquired = True
+                    else:
+                        # The warning comes from a timer beside the wait: leaving the queue
+                        # to warn and joining it again would lose our place (FIFO).
+                        async with anyio.create_task_group() as tg:
+                            tg.start_soon(self._warn_later, started, self._warn_after)
+                            await self._semaphore.acquire()
+                            acquired = True
+                            tg.cancel_scope.cancel()
+            except BaseException as exc:
+                if acquired:  # cancelled while leaving the task group: give the slot back
+                    self._semaphore.release()
+                if isinstance(exc, TimeoutError):
+                    raise CapacityTimeout(self.name, anyio.current_time() - started) from None
+                raise
             finally:
                 self._waiting -= 1
             waited = anyio.current_time() - started
@@ -88,6 +111,16 @@ class Limiter:
         self._active += 1
         self._acquired += 1
         self._peak = max(self._peak, self._active)
+
+    async def _warn_later(self, started: float, delay: float) -> None:
+        await anyio.sleep(delay)
+        now = anyio.current_time()
+        # One warning per limit at most every WARNING_INTERVAL, however many tasks wait.
+        if now - self._last_warning < WARNING_INTERVAL or self._on_slow_wait is None:
+            return
+        self._last_warning = now
+        with suppress(Exception):  # a broken log sink must not fail the wait
+            self._on_slow_wait(self, now - started)
 
     def release(self) -> None:
         self._active -= 1

@@ -14,6 +14,8 @@ from ._log import get_logger
 __all__ = ("MetricsReporter", "resolve_reporters")
 
 LATENCY_SAMPLES = 50_000
+COMMAND_NOT_FOUND = frozenset({126, 127})
+"""Exit statuses a shell gives a program it cannot run: 126 (not executable), 127 (not found)."""
 
 
 @runtime_checkable
@@ -100,8 +102,12 @@ class Metrics:
         self.failures = 0
         self.timeouts = 0
         self.infrastructure_errors = 0
+        self.not_found = 0
         self.startups: list[float] = []
-        self.execs_per_sandbox: list[int] = []
+        # Commands per sandbox in this window, live sandboxes included (keyed by sandbox id):
+        # a window reports the sandboxes that ran something in it, whether or not they
+        # were removed since.
+        self.execs_per_sandbox: dict[str, int] = {}
         self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self.capacity_wait = 0.0
         self.capacity_wait_max = 0.0
@@ -110,23 +116,24 @@ class Metrics:
         self.sandboxes_created += 1
         self.startups.append(seconds)
 
-    def sandbox_finished(self, execs: int) -> None:
-        self.execs_per_sandbox.append(execs)
-
     def exec_finished(
         self,
         *,
+        sandbox: str | None,
         returncode: int | None,
         duration: float | None,
         timed_out: bool,
         infrastructure: bool,
     ) -> None:
         self.executions += 1
+        if sandbox is not None:
+            self.execs_per_sandbox[sandbox] = self.execs_per_sandbox.get(sandbox, 0) + 1
         if returncode is not None and not timed_out:
             if returncode == 0:
                 self.ok += 1
             else:
                 self.nonzero += 1
+                self.not_found += returncode in COMMAND_NOT_FOUND
         else:
             self.failures += 1
             self.timeouts += timed_out
@@ -153,6 +160,7 @@ class Metrics:
             f"{p}exec_failures": self.failures,
             f"{p}exec_timeouts": self.timeouts,
             f"{p}exec_infrastructure_errors": self.infrastructure_errors,
+            f"{p}exec_command_not_found": self.not_found,
             f"{p}capacity_wait_seconds": round(self.capacity_wait, 6),
             f"{p}capacity_wait_max_seconds": round(self.capacity_wait_max, 6),
         }
@@ -165,7 +173,7 @@ class Metrics:
             out[f"{p}min_startup_seconds"] = min(self.startups)
             out[f"{p}max_startup_seconds"] = max(self.startups)
         if self.execs_per_sandbox:
-            counts = self.execs_per_sandbox
+            counts = list(self.execs_per_sandbox.values())
             out[f"{p}avg_execs_per_sandbox"] = sum(counts) / len(counts)
             out[f"{p}min_execs_per_sandbox"] = min(counts)
             out[f"{p}max_execs_per_sandbox"] = max(counts)

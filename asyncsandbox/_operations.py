@@ -4,9 +4,9 @@ complete (``wait``, ``as_completed``), for code that launches many commands at o
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterable
 from contextlib import suppress
-from typing import Any, Generic, TypeVar, final
+from typing import Any, Generic, TypeVar, cast, final
 
 import anyio
 
@@ -125,35 +125,51 @@ class Operation(Generic[T]):
         return f"<Operation {self.name} {state}>"
 
 
-def _check_ops(ops: Iterable[Operation[Any]]) -> list[Operation[Any]]:
-    ops = list(ops)
-    for op in ops:
+def _check_ops(ops: Iterable[Operation[Any]], function: str) -> list[Operation[Any]]:
+    given: object = ops  # typed as a list, but callers pass anything
+    if isinstance(given, Operation):
+        raise InvalidArgument(f"{function}() takes a list of operations, not one operation")
+    checked = list(ops)
+    for op in cast("list[object]", checked):
         if not isinstance(op, Operation):
+            kind = type(op)
+            if kind.__module__ == "asyncsandbox.sync" or kind.__name__ == "Handle":
+                raise InvalidArgument(
+                    f"asyncsandbox.{function}() waits for Operations of the async API (from "
+                    f"session.submit); for Handles of asyncsandbox.sync use "
+                    f"asyncsandbox.sync.{function}(), which blocks"
+                )
             raise InvalidArgument(
-                f"expected Operation handles (from session.submit), got {type(op).__name__}"
+                f"expected Operation handles (from session.submit), got {kind.__name__}"
             )
-    return ops
+    return checked
 
 
-async def wait(
+def wait(
     operations: Iterable[Operation[Any]],
     *,
     num_returns: int | None = None,
     timeout: float | None = None,
-) -> tuple[list[Operation[Any]], list[Operation[Any]]]:
+) -> Coroutine[Any, Any, tuple[list[Operation[Any]], list[Operation[Any]]]]:
     """Wait until ``num_returns`` of ``operations`` are done (all, by default) or ``timeout``
     seconds passed; return ``(done, pending)``: ``done`` in order of completion (at most
-    ``num_returns``), ``pending`` in the order given.
+    ``num_returns``), ``pending`` in the order given. Use it as ``await wait(...)``.
 
     A failed operation counts as done; its error is raised by ``op.result()``. Operations
-    still pending when the wait ends keep running.
+    still pending when the wait ends keep running. The arguments are checked when it is
+    called (before any ``await``): Handles of :mod:`asyncsandbox.sync` raise
+    :class:`InvalidArgument` at once, pointing to :func:`asyncsandbox.sync.wait`.
 
     Cancellation: cancelling the wait does not cancel the operations.
     """
-    ops = _check_ops(operations)
+    ops = _check_ops(operations, "wait")
     wanted = len(ops) if num_returns is None else positive_int("num_returns", num_returns)
-    wanted = min(wanted, len(ops))
-    limit = seconds("timeout", timeout)
+    return _wait(ops, min(wanted, len(ops)), seconds("timeout", timeout))
+
+
+async def _wait(
+    ops: list[Operation[Any]], wanted: int, limit: float | None
+) -> tuple[list[Operation[Any]], list[Operation[Any]]]:
     enough = anyio.Event()
     completed: list[Operation[Any]] = []
 
@@ -174,16 +190,23 @@ async def wait(
     return done, [op for op in ops if id(op) not in chosen]
 
 
-async def as_completed(
+def as_completed(
     operations: Iterable[Operation[Any]], *, timeout: float | None = None
 ) -> AsyncIterator[Operation[Any]]:
-    """Yield each of ``operations`` as it finishes (fastest first).
+    """Yield each of ``operations`` as it finishes (fastest first): ``async for op in
+    as_completed(ops)``.
 
     ``timeout`` bounds the whole iteration; past it, :class:`TimeoutError` is raised and
-    the remaining operations keep running.
+    the remaining operations keep running. The arguments are checked when it is called, as
+    for :func:`wait`.
     """
-    ops = _check_ops(operations)
-    limit = seconds("timeout", timeout)
+    ops = _check_ops(operations, "as_completed")
+    return _as_completed(ops, seconds("timeout", timeout))
+
+
+async def _as_completed(
+    ops: list[Operation[Any]], limit: float | None
+) -> AsyncIterator[Operation[Any]]:
     deadline = math.inf if limit is None else anyio.current_time() + limit
     send, receive = anyio.create_memory_object_stream[Operation[Any]](len(ops) or 1)
 

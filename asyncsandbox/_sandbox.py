@@ -97,6 +97,7 @@ class Sandbox:
         self._scopes: set[anyio.CancelScope] = set()
         self._log = session._log
         self._execs = 0
+        self._running = 0  # commands running now
         self._stats = dict.fromkeys(
             ("exec_completed_ok", "exec_completed_nonzero", "exec_failures"), 0
         )
@@ -332,6 +333,7 @@ class Sandbox:
         handle = await self._live_handle()
         async with session._exec_slot():
             self._execs += 1
+            self._running += 1
             status: ExitStatus | None = None
             started = anyio.current_time()
             deadline = math.inf if args.timeout is None else started + args.timeout
@@ -352,6 +354,7 @@ class Sandbox:
                         )
                     finally:
                         self._scopes.discard(scope)
+                        self._running -= 1
             except SandboxError as exc:
                 session._exec_finished(self, None, exc)
                 raise

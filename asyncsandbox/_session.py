@@ -31,7 +31,7 @@ from ._errors import (
 )
 from ._limits import Limiter, LimiterStatistics
 from ._log import get_logger
-from ._metrics import Metrics, MetricsReporter, resolve_reporters
+from ._metrics import COMMAND_NOT_FOUND, Metrics, MetricsReporter, resolve_reporters
 from ._models import ExecResult, SandboxInfo, SandboxStatus
 from ._operations import Operation
 from ._registry import create_backend
@@ -162,14 +162,15 @@ class Session:
         self._task_group: anyio.abc.TaskGroup | None = None
         self._sandboxes: set[Sandbox] = set()
         self._creating: set[anyio.CancelScope] = set()
-        timeout, waited = self.limits.capacity_timeout, self._metrics.waited
-        self._live = Limiter("live", self.limits.max_live, capacity_timeout=timeout, on_wait=waited)
-        self._lifecycle = Limiter(
-            "lifecycle", self.limits.max_lifecycle, capacity_timeout=timeout, on_wait=waited
-        )
-        self._execs = Limiter(
-            "execs", self.limits.max_execs, capacity_timeout=timeout, on_wait=waited
-        )
+        policy: dict[str, Any] = {
+            "capacity_timeout": self.limits.capacity_timeout,
+            "on_wait": self._metrics.waited,
+            "warn_after": self.limits.capacity_warning,
+            "on_slow_wait": self._slow_capacity_wait,
+        }
+        self._live = Limiter("live", self.limits.max_live, **policy)
+        self._lifecycle = Limiter("lifecycle", self.limits.max_lifecycle, **policy)
+        self._execs = Limiter("execs", self.limits.max_execs, **policy)
         self._counts = dict.fromkeys(
             (
                 "started",
@@ -183,6 +184,7 @@ class Session:
             ),
             0,
         )
+        self._not_found_warned: set[str] = set()
         self._log = get_logger(session_id=self.id, backend=self._backend_name)
         self._unenforced_warned: set[frozenset[str]] = set()
 
@@ -352,7 +354,11 @@ class Session:
         this_session: bool = False,
     ) -> builtins.list[SandboxInfo]:
         """Sandboxes of the backend carrying all ``tags`` — of any session or process,
-        unless ``this_session`` — optionally only those in ``status``."""
+        unless ``this_session`` — optionally only those in ``status``.
+
+        A sandbox whose owner process is gone, or whose lifetime is over, is listed as
+        :attr:`SandboxStatus.DEAD` whatever its backend says: nobody will use it again, and
+        the garbage collector (``asyncsandbox gc``, the next Session) removes it."""
         labels = _owner.tag_labels(check.tags(tuple(tags) if not isinstance(tags, str) else tags))
         if this_session:
             labels[_owner.SESSION] = self.id
@@ -363,7 +369,14 @@ class Session:
             "list", lambda: backend.list(labels=labels), timeout=self.timeouts.operation
         )
         out = [
-            msgspec.structs.replace(i, tags=_owner.tags_of(i.labels), backend=self._backend_name)
+            msgspec.structs.replace(
+                i,
+                tags=_owner.tags_of(i.labels),
+                backend=self._backend_name,
+                status=SandboxStatus.DEAD
+                if _owner.garbage_reason(i.labels) is not None
+                else i.status,
+            )
             for i in infos
         ]
         return [i for i in out if wanted is None or i.status in wanted]
@@ -407,8 +420,10 @@ class Session:
         ``exec_completed_ok``, ``exec_completed_nonzero``, ``exec_failures`` (timeouts and
         errors), ``exec_timeouts``, ``exec_infrastructure_errors``, ``exec_completion_rate``,
         ``exec_failure_rate``, ``startup_count``, ``avg/min/max_startup_seconds``,
-        ``avg/min/max_execs_per_sandbox`` (over sandboxes removed), ``exec_latency_p50/p90/
-        p99_seconds``, ``capacity_wait_seconds`` and ``capacity_wait_max_seconds``."""
+        ``exec_command_not_found`` (exit status 126 or 127: the program could not be run),
+        ``avg/min/max_execs_per_sandbox`` (commands finished per sandbox in this window, over
+        the sandboxes that ran any, live or removed), ``exec_latency_p50/p90/p99_seconds``,
+        ``capacity_wait_seconds`` and ``capacity_wait_max_seconds``."""
         return self._metrics.snapshot(live=self._live.statistics().active)
 
     def log_metrics(self, step: int | None = None, *, reset: bool = True) -> dict[str, float]:
@@ -602,7 +617,6 @@ class Session:
             self._counts["removed"] += 1
             self._log.debug("sandbox.removed", sandbox_id=handle.id)
         finally:
-            self._metrics.sandbox_finished(sandbox.exec_count)
             self._sandboxes.discard(sandbox)
             self._live.release()
 
@@ -651,13 +665,16 @@ class Session:
         else:
             self._counts["finished"] += 1
         self._metrics.exec_finished(
+            sandbox=sandbox.id,
             returncode=None if result is None else result.returncode,
             duration=None if result is None else result.duration,
             timed_out=result is not None and result.timed_out,
             infrastructure=isinstance(error, InfrastructureError),
         )
         sandbox._record(result, error)
-        if result is not None:
+        if result is not None and not result.timed_out:
+            if result.returncode in COMMAND_NOT_FOUND:
+                self._warn_not_found(result)
             sandbox._log.debug(
                 "sandbox.exec.finished",
                 argv0=result.argv[0],
@@ -665,6 +682,49 @@ class Session:
                 seconds=round(result.duration, 4),
                 timed_out=result.timed_out,
             )
+
+    def _slow_capacity_wait(self, limiter: Limiter, waited: float) -> None:
+        """A task has waited ``waited`` seconds for a slot of ``limiter``: say why."""
+        stats = limiter.statistics()
+        cause = _CAPACITY_CAUSES.get(limiter.name, "")
+        if limiter.name == "live":
+            idle = sum(1 for sb in self._sandboxes if not sb._running)
+            cause = cause.format(idle=idle, live=len(self._sandboxes))
+        timeout = self.limits.capacity_timeout
+        self._log.warning(
+            "session.capacity.waiting",
+            limit=limiter.name,
+            active=stats.active,
+            max=stats.limit,
+            waiting=stats.waiting,
+            waited_seconds=round(waited, 1),
+            capacity_timeout=timeout,
+            message=(
+                f"waited {waited:.0f}s for a {limiter.name!r} slot: {stats.active}/{stats.limit} "
+                f"in use, {stats.waiting} waiting"
+                f"{'' if timeout is None else f' (giving up after {timeout:g}s)'}; {cause}"
+            ),
+        )
+
+    def _warn_not_found(self, result: ExecResult) -> None:
+        """Warn, once per program, of a command the sandbox could not run: a reward
+        computed from such exit statuses is 0 for every completion, silently."""
+        program = result.argv[0]
+        if program in self._not_found_warned:
+            return
+        self._not_found_warned.add(program)
+        self._log.warning(
+            "sandbox.exec.command_not_found",
+            program=program,
+            returncode=result.returncode,
+            stderr=result.stderr_text.strip()[-300:],
+            hint=(
+                "exit status 127 means a program was not found in the sandbox (126: it "
+                "could not be executed); every command failing this way scores the same. "
+                "Check that the program exists in the sandbox's image (e.g. python3 vs "
+                "python); further commands of this program are not reported again"
+            ),
+        )
 
     async def _operation(
         self,
@@ -754,6 +814,25 @@ class _MappedChunks:
 
     async def __anext__(self) -> bytes:
         return await self._session._backend_call(anext(self._chunks), sandbox=self._sandbox)
+
+
+_CAPACITY_CAUSES = {
+    "live": (
+        "likely cause: sandboxes that are never stopped (e.g. `session.sandbox().exec(...)` "
+        "in a reward function called every step) keep their slot until the session closes "
+        "({idle} of the {live} live sandboxes run no command right now). Stop each sandbox when its episode "
+        "ends (`async with session.sandbox()`, `stop()`), use `session.run()` for one-off "
+        "commands, or raise Limits.max_live"
+    ),
+    "execs": (
+        "likely cause: more commands and file transfers at once than Limits.max_execs "
+        "allows; they run as slots free up"
+    ),
+    "lifecycle": (
+        "likely cause: the backend is slow to create or remove sandboxes "
+        "(Limits.max_lifecycle calls at once)"
+    ),
+}
 
 
 def _statuses(value: object) -> set[SandboxStatus] | None:

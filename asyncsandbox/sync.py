@@ -44,22 +44,30 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from os import PathLike
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar, final
 
+import anyio.lowlevel
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from . import _validate as check
-from ._config import SandboxDefaults
+from . import _sandbox, _session, _validate as check
+from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts, WarmPool
 from ._errors import InvalidArgument, OperationCancelled, SandboxClosed, SandboxError
+from ._log import get_logger
+from ._metrics import MetricsReporter
 from ._models import ExecResult, SandboxInfo, SandboxStatus
-from ._sandbox import DEFAULT_READ_LIMIT, Sandbox
-from ._session import Session, SessionStatistics
+from ._session import SessionStatistics
 from .abc import Backend
+
+# The async classes under private names only: `asyncsandbox.sync.Session` would be the
+# async Session, whose methods return coroutines that sync code never runs (see __getattr__).
+_AsyncSession = _session.Session
+_AsyncSandbox = _sandbox.Sandbox
+T_Attr = TypeVar("T_Attr")
 
 __all__ = (
     "SyncSession",
@@ -74,6 +82,27 @@ T = TypeVar("T")
 
 _NEW, _OPEN, _CLOSED = "new", "open", "closed"
 _HINT = "use asyncsandbox.Session directly in async code"
+_log = get_logger()
+
+_ASYNC_NAMES = {
+    "Session": "SyncSession",
+    "Sandbox": "SyncSandbox",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # A user porting `from cwsandbox import Session` to `from asyncsandbox.sync import
+    # Session` must get an error, not the async class (whose calls silently do nothing).
+    # An ImportError, not an AttributeError: `from ... import` would replace the latter
+    # with a bare "cannot import name", losing the pointer to the right class.
+    if name in _ASYNC_NAMES:
+        raise ImportError(
+            f"asyncsandbox.sync has no {name}: the blocking class is "
+            f"asyncsandbox.sync.{_ASYNC_NAMES[name]} (asyncsandbox.{name} is the async one; "
+            f"code written for the cwsandbox SDK runs with asyncsandbox.compat.cwsandbox)",
+            name=__name__,
+        )
+    raise AttributeError(f"module 'asyncsandbox.sync' has no attribute {name!r}")
 
 
 class RunningEventLoopError(SandboxError, RuntimeError):
@@ -116,7 +145,7 @@ class _Runtime:
     otherwise keep the SyncSession alive forever.
     """
 
-    def __init__(self, session: Session, async_library: str) -> None:
+    def __init__(self, session: _session.Session, async_library: str) -> None:
         self.session = session
         self.async_library = async_library
         # Never held while waiting for the event loop thread, except in _open() before any
@@ -126,8 +155,12 @@ class _Runtime:
         self.pid = os.getpid()
         self.portal: BlockingPortal | None = None
         self.portal_cm: AbstractContextManager[BlockingPortal] | None = None
-        self.session_cm: AbstractContextManager[Session] | None = None
-        self.futures: set[Future[Any]] = set()
+        self.session_cm: AbstractContextManager[_session.Session] | None = None
+        self.token: anyio.lowlevel.EventLoopToken | None = None
+        # Pending futures, each with the object it keeps alive until it is done (the
+        # SyncSandbox it runs in: collecting that would stop the sandbox under it).
+        self.futures: dict[Future[Any], object] = {}
+        self.orphans_stopped = 0
 
     def get_portal(self, what: str) -> BlockingPortal:
         _check_blocking_allowed(what)
@@ -161,6 +194,7 @@ class _Runtime:
             # after a KeyboardInterrupt, the Session's task may still be opening it.
             portal_cm.__exit__(type(exc), exc, exc.__traceback__)
             raise
+        self.token = portal.call(anyio.lowlevel.current_token)
         self.portal, self.portal_cm, self.session_cm = portal, portal_cm, session_cm
         self.pid = os.getpid()
         self.state = _OPEN
@@ -174,7 +208,14 @@ class _Runtime:
                 raise SandboxClosed("the session is closed") from exc
             raise
 
-    def launch(self, what: str, func: Callable[[], Awaitable[T]]) -> Future[T]:
+    def call_in_loop(self, func: Callable[[], T]) -> T:
+        """Run the plain function ``func`` where the Session's state lives: in the event
+        loop thread while it runs, else here (not opened yet, or closed: no loop to race)."""
+        if self.state == _OPEN and self.pid == os.getpid():
+            return self.call(f"{getattr(func, '__name__', 'call')}()", _as_async(func))
+        return func()
+
+    def launch(self, what: str, func: Callable[[], Awaitable[T]], keep: object) -> Future[T]:
         portal = self.get_portal(f"{what}()")
         try:
             future = portal.start_task_soon(func, name=f"asyncsandbox.sync:{what}")
@@ -185,7 +226,7 @@ class _Runtime:
         with self.lock:
             closed = self.state == _CLOSED
             if not closed:
-                self.futures.add(future)
+                self.futures[future] = keep
         if closed:
             future.cancel()  # close() took its list of tasks to cancel before this one
         else:
@@ -194,19 +235,43 @@ class _Runtime:
 
     def _forget(self, future: Future[Any]) -> None:
         with self.lock:
-            self.futures.discard(future)
+            self.futures.pop(future, None)
+
+    def stop_orphan(self, sandbox: _sandbox.Sandbox) -> None:
+        """Stop ``sandbox``, whose SyncSandbox was collected without being stopped.
+
+        Called by a garbage-collection finalizer: in any thread, the event loop's included,
+        at any point of the program. So it neither blocks nor takes a lock; it hands the
+        stop to the event loop with its thread-safe, non-blocking ``run_sync_soon``.
+        """
+        token = self.token
+        if token is None or self.state != _OPEN or self.pid != os.getpid():
+            return  # never opened, or closing: the close removes every sandbox anyway
+        if sandbox.state in ("new", "closed"):
+            return  # nothing to remove
+        with suppress(RuntimeError):  # the event loop is gone: the session's close removed it
+            token.backend_class.run_sync_soon(self._submit_stop, (sandbox,), token.native_token)
+
+    def _submit_stop(self, sandbox: _sandbox.Sandbox) -> None:
+        # In the event loop thread: run the stop in the Session's task group.
+        try:
+            self.session.submit(sandbox.stop(), name="stop a dropped sandbox")
+        except SandboxClosed:
+            return  # closing: the close removes it
+        self.orphans_stopped += 1
+        _log.debug("sync.sandbox.dropped", sandbox_id=sandbox.id, session_id=self.session.id)
 
     def close(self) -> None:
         with self.lock:
             state, self.state = self.state, _CLOSED
-            futures, self.futures = self.futures, set()
+            futures, self.futures = self.futures, {}
         if state != _OPEN or self.pid != os.getpid():
             return  # never opened, already closed, or a forked child (the loop is not ours)
         assert self.portal_cm is not None
         assert self.session_cm is not None
         # Cancel first, like Session.aclose() does with its operations: a launched start
         # still waiting for capacity would otherwise create a sandbox after the close.
-        for future in futures:
+        for future in list(futures):
             future.cancel()
         try:
             self.session_cm.__exit__(None, None, None)
@@ -231,7 +296,7 @@ class Handle(Generic[T]):
 
     def __init__(self, future: Future[T], name: str, owner: object) -> None:
         self._future = future
-        self._owner = owner  # keeps the SyncSession (and its sandboxes) alive while pending
+        self._owner = owner  # keeps the SyncSandbox (or SyncSession) alive while referenced
         self.name = name
         """What is running, for messages (``exec``, ``read_file``, ...)."""
 
@@ -240,8 +305,8 @@ class Handle(Generic[T]):
         exception the async API raises (:class:`~asyncsandbox.ExecTimeout`, ...), or
         :class:`~asyncsandbox.OperationCancelled` if the handle was cancelled.
 
-        Blocks. Past ``timeout`` seconds, raises the builtin :class:`TimeoutError` and the
-        operation keeps running (an :class:`~asyncsandbox.ExecTimeout`, also a
+        Blocks. Past ``timeout`` seconds, raises the builtin :class:`TimeoutError` (saying
+        so) and the operation keeps running (an :class:`~asyncsandbox.ExecTimeout`, also a
         ``TimeoutError``, means instead that the *command* ran out of time).
         """
         _check_blocking_allowed("Handle.result()")
@@ -250,6 +315,10 @@ class Handle(Generic[T]):
             return self._future.result(limit)
         except concurrent.futures.CancelledError:
             raise OperationCancelled(self.name) from None
+        except TimeoutError:
+            if self._future.done():
+                raise  # the operation's own error (an ExecTimeout...)
+            raise self._waited_too_long(limit) from None
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait until done, then return the operation's error (``None`` if it succeeded;
@@ -261,6 +330,19 @@ class Handle(Generic[T]):
             return self._future.exception(limit)
         except concurrent.futures.CancelledError:
             return OperationCancelled(self.name)
+        except TimeoutError:
+            raise self._waited_too_long(limit) from None
+
+    def _waited_too_long(self, limit: float | None) -> TimeoutError:
+        return TimeoutError(
+            f"{self.name} did not finish within {limit:g}s (the timeout of this wait, not "
+            "of the command); it keeps running: wait again, or cancel() it"
+        )
+
+    def add_done_callback(self, callback: Callable[[Handle[T]], object]) -> None:
+        """Call ``callback(handle)`` once the operation is done (at once if it is). It runs
+        in the event loop thread, or in this one if already done: it must not block."""
+        self._future.add_done_callback(lambda _: callback(self))
 
     def done(self) -> bool:
         """True once it finished: with a value, an error, or cancelled. Never blocks."""
@@ -305,9 +387,15 @@ class SyncSandbox:
             print(sb.exec(["python3", "main.py"], timeout=10).result().stdout_text)
     """
 
-    def __init__(self, owner: SyncSession, sandbox: Sandbox) -> None:
+    def __init__(self, owner: SyncSession, sandbox: _sandbox.Sandbox) -> None:
         self._owner = owner
         self._sandbox = sandbox
+        # Dropped without stop(): stopped when collected, so that a reward function calling
+        # `session.sandbox().exec(...)` every step does not fill the session's `max_live`
+        # with sandboxes nobody will use again. At interpreter exit the session's own close
+        # removes them, so this need not run then.
+        finalizer = weakref.finalize(self, owner._runtime.stop_orphan, sandbox)
+        finalizer.atexit = False
 
     @property
     def id(self) -> str | None:
@@ -329,8 +417,35 @@ class SyncSandbox:
         """The sandbox's tags."""
         return self._sandbox.tags
 
+    @property
+    def exec_count(self) -> int:
+        """Commands started in this sandbox so far."""
+        return self._sandbox.exec_count
+
+    @property
+    def exec_stats(self) -> dict[str, int]:
+        """Commands of this sandbox (see :attr:`asyncsandbox.Sandbox.exec_stats`):
+        ``exec_count``, ``exec_completed_ok``, ``exec_completed_nonzero``, ``exec_failures``."""
+        # Plain counters read across threads: a snapshot, possibly one update behind.
+        return self._sandbox.exec_stats
+
+    @property
+    def started_at(self) -> float | None:
+        """``time.time()`` when the sandbox became ready."""
+        return self._sandbox.started_at
+
+    @property
+    def startup_seconds(self) -> float | None:
+        """How long creating and starting it took."""
+        return self._sandbox.startup_seconds
+
+    def extra(self, attribute: T_Attr, default: Any = anyio.TypedAttributeLookupError) -> T_Attr:
+        """A backend-specific typed attribute of the started sandbox (see
+        :meth:`asyncsandbox.Sandbox.extra`). Never blocks."""
+        return self._sandbox.extra(attribute, default)
+
     def _launch(self, what: str, func: Callable[[], Awaitable[T]]) -> Handle[T]:
-        return self._owner._launch(what, func)
+        return self._owner._launch(what, func, keep=self)
 
     def start(self) -> Handle[SyncSandbox]:
         """Create and start the sandbox (see :meth:`asyncsandbox.Sandbox.start`)."""
@@ -379,7 +494,9 @@ class SyncSandbox:
         )
         return self._launch("exec", call)
 
-    def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_LIMIT) -> Handle[bytes]:
+    def read_file(
+        self, path: str, *, max_bytes: int = _sandbox.DEFAULT_READ_LIMIT
+    ) -> Handle[bytes]:
         """The content of a file (see :meth:`asyncsandbox.Sandbox.read_file`)."""
         return self._launch(
             "read_file", functools.partial(self._sandbox.read_file, path, max_bytes=max_bytes)
@@ -428,28 +545,48 @@ class SyncSandbox:
 class SyncSession:
     """A blocking :class:`asyncsandbox.Session`, usable from any number of threads.
 
-    :param backend: as for :class:`asyncsandbox.Session`.
+    Every argument but ``async_library`` is that of :class:`asyncsandbox.Session` (and
+    checked here):
+
     :param async_library: the event loop run in the background thread: ``"asyncio"``
         (default) or ``"trio"``.
-    :param session_kwargs: the other keyword arguments of :class:`asyncsandbox.Session`
-        (``backend_options``, ``defaults``, ``limits``, ``timeouts``, ``retries``,
-        ``sweep``); checked here.
 
     Creating it is cheap and starts nothing: the event loop thread and the Session start
     on first use, so a module-level ``session = SyncSession()`` is fine. Use it as a
     context manager, or call :meth:`close`. One left open is closed when it is garbage
-    collected, and at interpreter exit, so its sandboxes are removed.
+    collected, and at interpreter exit, so its sandboxes are removed. So is a
+    :class:`SyncSandbox` dropped without :meth:`~SyncSandbox.stop`: once collected (and
+    its pending handles are done), it is stopped in the background.
     """
 
     def __init__(
         self,
         backend: str | Backend = "process",
         *,
+        backend_options: Mapping[str, Any] | None = None,
+        defaults: SandboxDefaults | None = None,
+        limits: Limits | None = None,
+        timeouts: Timeouts | None = None,
+        retries: RetryPolicy | None = None,
+        sweep: bool = True,
+        report_to: Sequence[str | MetricsReporter] | None = None,
+        metrics_prefix: str = "asyncsandbox/",
+        warm_pool: WarmPool | None = None,
         async_library: Literal["asyncio", "trio"] = "asyncio",
-        **session_kwargs: Any,
     ) -> None:
         check.choice("async_library", async_library, ("asyncio", "trio"))
-        self._session = Session(backend, **session_kwargs)
+        self._session = _session.Session(
+            backend,
+            backend_options=backend_options,
+            defaults=defaults,
+            limits=limits,
+            timeouts=timeouts,
+            retries=retries,
+            sweep=sweep,
+            report_to=report_to,
+            metrics_prefix=metrics_prefix,
+            warm_pool=warm_pool,
+        )
         self._runtime = _Runtime(self._session, async_library)
         # A weakref-based atexit hook: runs at interpreter exit, or when this object is
         # collected, whichever comes first, and at most once (close() runs it early).
@@ -461,12 +598,40 @@ class SyncSession:
         return self._session.id
 
     @property
+    def defaults(self) -> SandboxDefaults:
+        """How new sandboxes look (``sandbox(**overrides)`` varies them)."""
+        return self._session.defaults
+
+    @property
+    def limits(self) -> Limits:
+        """The concurrency bounds."""
+        return self._session.limits
+
+    @property
+    def timeouts(self) -> Timeouts:
+        """The deadlines of infrastructure calls."""
+        return self._session.timeouts
+
+    @property
+    def retries(self) -> RetryPolicy:
+        """Retries of retryable infrastructure errors in lifecycle calls."""
+        return self._session.retries
+
+    @property
+    def warm_pool(self) -> WarmPool | None:
+        """The warm pool's settings, if any."""
+        return self._session.warm_pool
+
+    @property
     def closed(self) -> bool:
         """True once closed (explicitly, by garbage collection, or at exit)."""
         return self._runtime.state == _CLOSED
 
-    def _launch(self, what: str, func: Callable[[], Awaitable[T]]) -> Handle[T]:
-        return Handle(self._runtime.launch(what, func), what, self)
+    def _launch(
+        self, what: str, func: Callable[[], Awaitable[T]], *, keep: object = None
+    ) -> Handle[T]:
+        owner = self if keep is None else keep
+        return Handle(self._runtime.launch(what, func, owner), what, owner)
 
     def open(self) -> Self:
         """Start the event loop thread and open the Session now (done on first use
@@ -481,7 +646,7 @@ class SyncSession:
         first use, in the background.
         """
 
-        async def create() -> Sandbox:  # in the event loop thread, like every Sandbox call
+        async def create() -> _sandbox.Sandbox:  # in the event loop thread, like every call
             return self._session.sandbox(**overrides)
 
         return SyncSandbox(self, self._runtime.call("SyncSession.sandbox()", create))
@@ -540,6 +705,21 @@ class SyncSession:
         # Plain counters read across threads: a snapshot, possibly one update behind.
         return self._session.statistics()
 
+    def metrics(self) -> dict[str, float]:
+        """The metrics since the last reset, without reporting them (see
+        :meth:`asyncsandbox.Session.metrics`). Blocks briefly (read in the event loop)."""
+        _check_blocking_allowed("SyncSession.metrics()")
+        return self._runtime.call_in_loop(self._session.metrics)
+
+    def log_metrics(self, step: int | None = None, *, reset: bool = True) -> dict[str, float]:
+        """Send :meth:`metrics` to the reporters (``report_to``) at training ``step`` and
+        return them (see :meth:`asyncsandbox.Session.log_metrics`). Blocks while the
+        reporters run."""
+        _check_blocking_allowed("SyncSession.log_metrics()")
+        return self._runtime.call_in_loop(
+            functools.partial(self._session.log_metrics, step, reset=reset)
+        )
+
     def close(self) -> None:
         """Cancel pending handles, remove every sandbox of the session, stop the event loop
         thread. Idempotent. Blocks until done.
@@ -565,7 +745,18 @@ class SyncSession:
         return f"<SyncSession {self._runtime.state} {self._session!r}>"
 
 
+def _as_async(func: Callable[[], T]) -> Callable[[], Awaitable[T]]:
+    async def call() -> T:
+        return func()
+
+    call.__name__ = getattr(func, "__name__", "call")
+    return call
+
+
 def _check_handles(handles: Iterable[Handle[Any]]) -> builtins.list[Handle[Any]]:
+    given: object = handles  # typed as a list, but callers pass anything
+    if isinstance(given, Handle):
+        raise InvalidArgument("expected a list of Handles, got a single Handle")
     out = builtins.list(dict.fromkeys(handles))
     for handle in out:
         if not isinstance(handle, Handle):

@@ -24,6 +24,17 @@ The tools (``Toolbox(..., tools=[...])`` selects a subset):
     ``command`` runs as ``["sh", "-c", command]`` in the sandbox's workdir; files persist
     between calls, shell state (``cd``, variables) does not. ``timeout`` in seconds, with a
     default and a maximum (``bash_timeout``, ``max_bash_timeout``).
+``execute_bash``
+    open-instruct's bash tool (its SWE-RL environment), offered only when asked for
+    (``tools=[...]``): ``command`` runs in ``bash``, and the working directory and exported
+    variables persist from one call to the next. Its observation is open-instruct's::
+
+        Exit code: 0
+        Execution output of [execute_bash]:
+        [STDOUT]
+        ...
+        [STDERR]
+        ...
 ``read_file``
     ``path``, optionally ``start_line``/``end_line`` (1-based, inclusive): the text.
 ``write_file``
@@ -36,7 +47,8 @@ The tools (``Toolbox(..., tools=[...])`` selects a subset):
 ``submit``
     Runs the task's tests and ends the episode (``done``) with a ``reward``. Available when
     the environment says what the tests are (``tests=``): a command (exit status 0 means
-    reward 1.0, anything else 0.0, a timeout 0.0) or an ``async (sandbox) -> float``.
+    reward 1.0, anything else 0.0, a timeout 0.0) or an ``async (sandbox) -> float``, which
+    may return a :class:`Grade` instead, to say what the observation shows.
 
 Observations (:attr:`ToolResult.observation`):
 
@@ -87,13 +99,38 @@ from ._log import get_logger
 from ._models import ExecResult
 from ._sandbox import Sandbox
 
-__all__ = ("Toolbox", "ToolResult", "TOOL_NAMES", "Tests")
+__all__ = ("Toolbox", "ToolResult", "Grade", "TOOL_NAMES", "Tests")
 
-TOOL_NAMES = ("bash", "read_file", "write_file", "str_replace_editor", "submit")
-"""Every tool a :class:`Toolbox` knows, in the order its schemas list them."""
+TOOL_NAMES = ("bash", "execute_bash", "read_file", "write_file", "str_replace_editor", "submit")
+"""Every tool a :class:`Toolbox` knows, in the order its schemas list them. Offered by
+default: all but ``execute_bash`` (and ``submit`` without ``tests``)."""
+_OPT_IN = frozenset({"execute_bash"})
 
-Tests = str | Sequence[str] | Callable[[Sandbox], Awaitable[float]]
-"""What ``submit`` runs: a shell command (``str``), an argv, or ``async (sandbox) -> float``."""
+
+class Grade(msgspec.Struct, frozen=True, kw_only=True):
+    """What a ``tests`` callable may return instead of a number: the reward, and the
+    observation ``submit`` shows the model (e.g. the tests' exit code and output)."""
+
+    reward: float
+    observation: str
+
+
+Tests = str | Sequence[str] | Callable[[Sandbox], Awaitable[float | Grade]]
+"""What ``submit`` runs: a shell command (``str``), an argv, or ``async (sandbox) -> float``
+(or a :class:`Grade`)."""
+
+# execute_bash: the state of one call is saved for the next (open-instruct's wrapper keeps
+# it in /tmp too). $1 is the command.
+_STATEFUL_BASH = r"""
+__state=/tmp/.asyncsandbox-execute-bash
+if [ -f "$__state.env" ]; then set -a; . "$__state.env" 2>/dev/null; set +a; fi
+if [ -f "$__state.cwd" ]; then cd -- "$(cat "$__state.cwd")" 2>/dev/null || true; fi
+eval "$1"
+__status=$?
+export -p > "$__state.env" 2>/dev/null
+pwd > "$__state.cwd" 2>/dev/null
+exit $__status
+"""
 
 _MARKER = "\n[... {} characters truncated ...]\n"
 _MARKER_ROOM = 64  # more than the marker ever takes
@@ -203,6 +240,17 @@ _SPECS: dict[str, tuple[type[_Args], str]] = {
             "current directory, variables) does not. There is no network."
         ),
     ),
+    "execute_bash": (
+        _Bash,
+        (
+            "Execute a bash command in the terminal, in {workdir} at first. The working "
+            "directory and exported variables persist between calls.\n"
+            "* Long running commands: wrap them with `timeout`, e.g. `timeout 10 <command>`.\n"
+            "* Interactive commands are not possible: use `yes`, `-y` flags and the like.\n"
+            "* Output may be truncated: filter it with `head`, `tail` or `grep`.\n"
+            "There is no network."
+        ),
+    ),
     "read_file": (
         _ReadFile,
         "Read a text file, whole or lines `start_line` to `end_line`.",
@@ -288,7 +336,9 @@ class Toolbox:
         """The sandbox the tools act in."""
         self._tests = _check_tests(tests)
         if tools is None:
-            names = tuple(n for n in TOOL_NAMES if n != "submit" or tests is not None)
+            names = tuple(
+                n for n in TOOL_NAMES if n not in _OPT_IN and (n != "submit" or tests is not None)
+            )
         elif isinstance(tools, str):
             raise InvalidArgument("tools must be a sequence of tool names, not a single string")
         else:
@@ -338,7 +388,7 @@ class Toolbox:
     def _schema(self, name: str) -> dict[str, Any]:
         kind, description = _SPECS[name]
         params = _parameters(kind)
-        if name == "bash":
+        if name in ("bash", "execute_bash"):
             params["properties"]["timeout"]["description"] = (
                 f"Seconds before the command is killed (default {self._bash_timeout:g}, "
                 f"at most {self._max_bash_timeout:g})."
@@ -430,6 +480,33 @@ class Toolbox:
         elif result.signal is not None:
             status += f" (killed by signal {result.signal})"
         return self._exec_result("bash", status, result, is_error=result.returncode != 0)
+
+    async def _execute_bash(self, args: _Bash) -> ToolResult:
+        asked = self._bash_timeout if isinstance(args.timeout, UnsetType) else args.timeout
+        timeout = min(asked, self._max_bash_timeout)
+        argv = ["bash", "-c", _STATEFUL_BASH, "execute_bash", args.command]
+        try:
+            result = await self.sandbox.exec(
+                argv, timeout=timeout, max_output_bytes=self._output_bytes
+            )
+        except ExecTimeout as exc:
+            status = f"timed out after {timeout:g}s (the command was killed); output so far"
+            return self._open_instruct_result("execute_bash", status, exc.result, is_error=True)
+        return self._open_instruct_result(
+            "execute_bash", str(result.returncode), result, is_error=result.returncode != 0
+        )
+
+    def _open_instruct_result(
+        self, name: str, status: str, result: ExecResult, **flags: Any
+    ) -> ToolResult:
+        dropped = (result.stdout_size - len(result.stdout)) + (
+            result.stderr_size - len(result.stderr)
+        )
+        text = (
+            f"Exit code: {status}\nExecution output of [{name}]:\n"
+            f"[STDOUT]\n{result.stdout_text}\n[STDERR]\n{result.stderr_text}"
+        )
+        return self._result(name, text, dropped=dropped, **flags)
 
     async def _read_file(self, args: _ReadFile) -> ToolResult:
         text = _decode(await self.sandbox.read_file(args.path, max_bytes=self._max_file_bytes))
@@ -548,10 +625,16 @@ class Toolbox:
         tests = self._tests
         if callable(tests):
             value: object = await tests(self.sandbox)
+            observation: str | None = None
+            if isinstance(value, Grade):
+                observation = value.observation
+                value = value.reward
             if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
                 raise TypeError(f"the tests callable returned {value!r}, not a number")
             self._reward = float(value)
-            return self._result("submit", f"Submitted: reward={self._reward}.", reward=self._reward)
+            if observation is None:
+                observation = f"Submitted: reward={self._reward}."
+            return self._result("submit", observation, reward=self._reward)
         assert tests is not None
         try:
             result = await self.sandbox.exec(
@@ -613,7 +696,9 @@ def _positive(name: str, value: object) -> float:
     return seconds
 
 
-def _check_tests(tests: object) -> tuple[str, ...] | Callable[[Sandbox], Awaitable[float]] | None:
+def _check_tests(
+    tests: object,
+) -> tuple[str, ...] | Callable[[Sandbox], Awaitable[float | Grade]] | None:
     if tests is None or callable(tests):
         return tests
     return check.argv(("sh", "-c", tests) if isinstance(tests, str) else tests)

@@ -1,7 +1,7 @@
 """SWE-style task environment: per-task sandboxes, seed repositories, submit-graded tests.
 
-A port of open-instruct's SWE-RL sandbox environment. Every task is a directory (the task
-data, :data:`TASKS`)::
+A port of open-instruct's SWE-RL sandbox environment (``SWERLSandboxEnv``). Every task is a
+directory (the task data, :data:`TASKS`), in this project's layout::
 
     swe_tasks/<name>/
         instruction.md          what the agent is asked to do (its first user message)
@@ -10,6 +10,16 @@ data, :data:`TASKS`)::
         image                   optional: the task's Docker image, one line
         tests/test.sh           the hidden tests, with whatever else they need
         scripted_solution.json  only for --policy scripted (never shown to the agent)
+
+or, as is, in open-instruct's (``environment/seeds/``, ``image.txt``; ``tests/test.sh`` reads
+its files from ``/tests`` and writes the reward to ``/logs/verifier/reward.txt``). Such a task
+gets open-instruct's tools, ``execute_bash`` (bash whose directory and variables persist),
+``str_replace_editor`` and ``submit``. Process sandboxes can write only to their workspace,
+home and ``/tmp``, and Docker sandboxes run commands as an unprivileged user: neither can
+create ``/tests`` or ``/logs``. So on every backend alike, those two directories live under
+``/tmp/asyncsandbox-task/`` and the task's scripts (``tests/``, ``setup.sh``) are uploaded
+with their absolute ``/tests`` and ``/logs`` paths pointing there (:func:`map_task_paths`):
+the same scripts, graded the same way on every backend, without privileges.
 
 :class:`TaskEnvironment` resets a fresh sandbox from a task: it starts it on the task's
 image (Docker backend; ``--image`` is the fallback for tasks that name none, and the
@@ -20,9 +30,11 @@ ignores task images), uploads ``seeds/`` into the workspace (``/workspace``) and
 until it calls ``submit``: only then are ``tests/`` uploaded (to ``/tmp/asyncsandbox-task``,
 out of the workspace) and ``test.sh`` run in the workspace with ``$TESTS_DIR``,
 ``$REWARD_FILE`` and ``$WORKSPACE`` set. The reward is the number ``test.sh`` wrote to
-``$REWARD_FILE`` (clamped to [0, 1]: partial credit), else its exit status (0: 1.0, other:
-0.0); a timeout scores 0.0. A failing ``setup.sh`` or ``tests/`` that cannot be uploaded
-are the task's fault, not the agent's: the episode is masked (``infrastructure_error``).
+``$REWARD_FILE`` (open-instruct's tasks: ``/logs/verifier/reward.txt``), clamped to [0, 1]
+for partial credit, else its exit status (0: 1.0, other: 0.0); a timeout scores 0.0. The
+``submit`` observation is open-instruct's: the tests' exit code, stdout, stderr and the
+reward. A failing ``setup.sh`` or ``tests/`` that cannot be uploaded are the task's fault,
+not the agent's: the episode is masked (``infrastructure_error``).
 
 The policy is any OpenAI-compatible endpoint (``--policy openai --base-url URL --model
 NAME``, as in ``agent_rollouts.py``), or, offline, ``--policy scripted``: NOT a model, a
@@ -46,14 +58,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
+import shutil
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import _support
 import anyio
@@ -76,13 +92,24 @@ from asyncsandbox import (
     Sandbox,
     SandboxDefaults,
 )
-from asyncsandbox.tools import Toolbox
+from asyncsandbox.tools import Grade, Toolbox
 
 TASKS = Path(__file__).resolve().parent / "swe_tasks"
 WORKSPACE = "/workspace"
 GRADING_DIR = "/tmp/asyncsandbox-task"
 """Where ``tests/`` go at submission: outside the workspace, emptied before each upload."""
 SETUP_TIMEOUT_SECONDS = 300.0
+OPEN_INSTRUCT_TOOLS = ("execute_bash", "str_replace_editor", "submit")
+OPEN_INSTRUCT_REWARD_FILE = "/logs/verifier/reward.txt"
+# An absolute /tests or /logs path: not a part of a longer path, a name or a URL.
+_TASK_PATH = re.compile(r"(?<![\w.~$/:-])/(tests|logs)(?![\w.-])")
+
+
+def map_task_paths(text: str) -> str:
+    """``text`` (a script of an open-instruct task) with its absolute ``/tests`` and
+    ``/logs`` paths moved under :data:`GRADING_DIR` (see the module docstring)."""
+    return _TASK_PATH.sub(lambda m: f"{GRADING_DIR}/{m.group(1)}", text)
+
 
 SYSTEM_PROMPT = f"""You are a software engineering agent working in a Linux sandbox.
 The repository is in {WORKSPACE}, the working directory of your tools. Investigate the
@@ -99,12 +126,14 @@ class Task:
     instruction: str
     image: str | None
     has_setup: bool
+    layout: Literal["asyncsandbox", "open-instruct"] = "asyncsandbox"
 
     @classmethod
     def load(cls, path: Path) -> Task:
         if not (path / "tests" / "test.sh").is_file():
             raise SystemExit(f"task {path}: tests/test.sh is missing")
-        image_file = path / "image"
+        open_instruct = (path / "environment").is_dir() or (path / "image.txt").is_file()
+        image_file = path / ("image.txt" if open_instruct else "image")
         image = image_file.read_text().strip() if image_file.is_file() else None
         return cls(
             name=path.name,
@@ -112,7 +141,26 @@ class Task:
             instruction=(path / "instruction.md").read_text(encoding="utf-8").strip(),
             image=image or None,
             has_setup=(path / "setup.sh").is_file(),
+            layout="open-instruct" if open_instruct else "asyncsandbox",
         )
+
+    @property
+    def seeds(self) -> Path:
+        if self.layout == "open-instruct":
+            return self.path / "environment" / "seeds"
+        return self.path / "seeds"
+
+    @property
+    def tools(self) -> tuple[str, ...] | None:
+        """The tools offered (None: the Toolbox's default ones)."""
+        return OPEN_INSTRUCT_TOOLS if self.layout == "open-instruct" else None
+
+    @property
+    def reward_file(self) -> str:
+        """Where test.sh writes the reward, in the sandbox."""
+        if self.layout == "open-instruct":
+            return map_task_paths(OPEN_INSTRUCT_REWARD_FILE)
+        return f"{GRADING_DIR}/reward.txt"
 
     def scripted_solution(self) -> list[tuple[str, str, dict[str, Any]]]:
         """``(content, tool, arguments)`` of each assistant turn of the scripted solution."""
@@ -180,7 +228,7 @@ class TaskEnvironment:
         self.sandbox: Sandbox = session.sandbox(
             image=image, workdir=WORKSPACE, tags=[f"task:{task.name}", *tags]
         )
-        self.toolbox = Toolbox(self.sandbox, tests=self._grade, test_timeout=None)
+        self.toolbox = Toolbox(self.sandbox, tools=task.tools, tests=self._grade, test_timeout=None)
         self.grading: Grading | None = None
 
     async def __aenter__(self) -> Self:
@@ -202,11 +250,12 @@ class TaskEnvironment:
     async def reset(self) -> None:
         """Start the sandbox, upload the seed files into the workspace, run ``setup.sh``."""
         await self.sandbox.start()
-        seeds = self.task.path / "seeds"
+        seeds = self.task.seeds
         if seeds.is_dir():
             await self.sandbox.upload(seeds, WORKSPACE)
         if self.task.has_setup:
-            await self.sandbox.upload(self.task.path / "setup.sh", f"{GRADING_DIR}/setup.sh")
+            with self._scripts(self.task.path / "setup.sh") as setup:
+                await self.sandbox.upload(setup, f"{GRADING_DIR}/setup.sh")
             try:
                 result = await self.sandbox.exec(
                     ["bash", f"{GRADING_DIR}/setup.sh"], timeout=SETUP_TIMEOUT_SECONDS
@@ -227,15 +276,40 @@ class TaskEnvironment:
             {"role": "user", "content": self.task.instruction},
         ]
 
-    async def _grade(self, sandbox: Sandbox) -> float:
+    @contextmanager
+    def _scripts(self, source: Path) -> Iterator[Path]:
+        """``source`` (a file or directory of the task) as it is uploaded: as is, or with
+        open-instruct's ``/tests`` and ``/logs`` paths mapped (see the module docstring)."""
+        if self.task.layout != "open-instruct":
+            yield source
+            return
+        with tempfile.TemporaryDirectory() as scratch:
+            copy = Path(scratch, source.name)
+            if source.is_dir():
+                shutil.copytree(source, copy, symlinks=True)
+            else:
+                shutil.copy2(source, copy)
+            for path in [copy] if copy.is_file() else list(copy.rglob("*")):
+                if path.is_file() and not path.is_symlink():
+                    try:
+                        text = path.read_text(encoding="utf-8")
+                    except UnicodeDecodeError:
+                        continue  # data, not a script
+                    path.write_text(map_task_paths(text), encoding="utf-8")
+            yield copy
+
+    async def _grade(self, sandbox: Sandbox) -> Grade:
         """``submit``: upload the hidden tests, run ``test.sh``, parse the reward."""
-        tests_dir, reward_file = f"{GRADING_DIR}/tests", f"{GRADING_DIR}/reward.txt"
+        tests_dir, reward_file = f"{GRADING_DIR}/tests", self.task.reward_file
         # A fresh grading directory: nothing the agent left there (a reward file...) counts.
         await sandbox.exec(["rm", "-rf", GRADING_DIR], timeout=30, check=True)
         try:
-            await sandbox.upload(self.task.path / "tests", tests_dir)
+            with self._scripts(self.task.path / "tests") as tests:
+                await sandbox.upload(tests, tests_dir)
         except asyncsandbox.SandboxFileError as exc:
             raise TaskSetupError(f"the tests could not be uploaded: {exc}") from exc
+        reward_dir = reward_file.rpartition("/")[0]
+        await sandbox.exec(["mkdir", "-p", reward_dir], timeout=30, check=True)
         env = {"TESTS_DIR": tests_dir, "REWARD_FILE": reward_file, "WORKSPACE": WORKSPACE}
         try:
             result = await sandbox.exec(
@@ -243,7 +317,8 @@ class TaskEnvironment:
             )
         except ExecTimeout as exc:
             self.grading = Grading(0.0, "timeout", _last_line(exc.result))
-            return 0.0
+            status = f"timed out after {self.test_timeout:g}s"
+            return Grade(reward=0.0, observation=_submit_observation(status, exc.result, 0.0))
         summary = _last_line(result)
         reward, how = (1.0 if result.returncode == 0 else 0.0), f"exit={result.returncode}"
         try:
@@ -260,7 +335,18 @@ class TaskEnvironment:
             else:
                 reward, how = min(1.0, max(0.0, value)), "reward file"
         self.grading = Grading(reward, how, summary)
-        return reward
+        observation = _submit_observation(str(result.returncode), result, reward)
+        return Grade(reward=reward, observation=observation)
+
+
+def _submit_observation(status: str, result: ExecResult, reward: float) -> str:
+    """What ``submit`` shows, as open-instruct's environment does: the tests' exit code,
+    the end of their output, the reward."""
+    return (
+        f"Test execution complete.\nExit code: {status}\n"
+        f"[STDOUT]\n{result.stdout_text[-2000:]}\n[STDERR]\n{result.stderr_text[-1000:]}\n"
+        f"Reward: {reward}"
+    )
 
 
 def _last_line(result: ExecResult) -> str:
@@ -470,7 +556,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if task.image and image != task.image:
             where += f" (its image {task.image} applies on docker)"
         setup = ", setup.sh" if task.has_setup else ""
-        print(f"  {task.name}: {where}{setup}")
+        layout = ", open-instruct layout" if task.layout == "open-instruct" else ""
+        print(f"  {task.name}: {where}{setup}{layout}")
     print()
 
     make_policy: Callable[[Task, int], Policy]

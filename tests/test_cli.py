@@ -68,6 +68,12 @@ def test_ls_rm_and_gc(process_root: Path) -> None:
     subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=60)
     listed = json.loads(cli("ls", "--json", root=process_root).stdout)
     assert sorted(tag for info in listed for tag in info["tags"]) == ["cli-a", "cli-a", "cli-b"]
+    # Their owner has exited: they are not running, whatever the backend says.
+    assert {info["status"] for info in listed} == {"dead"}
+    table = cli("ls", root=process_root).stdout.decode()
+    assert "running" not in table
+    assert table.count("(owner process is gone: `asyncsandbox gc` removes it)") == 3
+    assert cli("ls", "--status", "running", root=process_root).stdout == b"no sandboxes\n"
     assert cli("ls", "--tag", "cli-a", root=process_root).stdout.decode().count("cli-a") == 2
     removed = cli("rm", "--tag", "cli-a", root=process_root)
     assert removed.returncode == 0

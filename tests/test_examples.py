@@ -301,7 +301,7 @@ def test_agent_rollouts_on_docker(docker_engine: None, process_root: Path, tmp_p
 def check_swe_task_env(out: str, jsonl: Path) -> None:
     assert "Policy: scripted (replays scripted_solution.json; not a model)" in out
     progress = progress_lines(out)
-    assert len(progress) == 6
+    assert len(progress) == 8
     by_episode = {line.split(":")[0].split("] ")[1]: line for line in progress}
     # The scripted solutions pass the hidden tests; the baselines fail them (the inventory
     # task gives partial credit through its reward file).
@@ -311,26 +311,28 @@ def check_swe_task_env(out: str, jsonl: Path) -> None:
     assert "reward=1.00 (reward file)" in by_episode["inventory-two-bugs #0"]
     assert "reward=0.50 (reward file)" in by_episode["inventory-two-bugs #1"]
     assert "2/4 tests passed: reward 0.50" in by_episode["inventory-two-bugs #1"]
+    # open-instruct's layout: the reward from /logs/verifier/reward.txt, partial credit.
+    assert "reward=1.00 (reward file)" in by_episode["csv-column-total #0"]
+    assert "reward=0.50 (reward file)" in by_episode["csv-column-total #1"]
+    assert "csv-column-total: rewards [1.00, 0.50]" in out
     assert "inventory-two-bugs: rewards [1.00, 0.50]" in out
     assert "pagination-off-by-one: rewards [1.00, 0.00]" in out
     assert "wordfreq-normalize: rewards [1.00, 0.00]" in out
-    assert "Average reward: 0.58 (6 episodes, 0 masked)" in out
-    assert "Solved: 3/3 tasks" in out
-    assert "Sandboxes: 6 started, 6 removed" in out
+    assert "Average reward: 0.62 (8 episodes, 0 masked)" in out
+    assert "Solved: 4/4 tasks" in out
+    assert "Sandboxes: 8 started, 8 removed" in out
     records = {
         (r["task_id"], r["trajectory"]): r for r in map(json.loads, jsonl.read_text().splitlines())
     }
-    assert len(records) == 6
-    for record in records.values():
+    assert len(records) == 8
+    for (task, _), record in records.items():
         assert not record["infrastructure_error"]
         assert record["metadata"]["submitted"]
-        assert {t["function"]["name"] for t in record["tools"]} == {
-            "bash",
-            "read_file",
-            "write_file",
-            "str_replace_editor",
-            "submit",
-        }
+        tools = {t["function"]["name"] for t in record["tools"]}
+        if task == "csv-column-total":  # open-instruct's tools
+            assert tools == {"execute_bash", "str_replace_editor", "submit"}
+        else:
+            assert tools == {"bash", "read_file", "write_file", "str_replace_editor", "submit"}
 
     def observations(task: str, attempt: int) -> list[str]:
         messages = records[task, attempt]["messages"]
@@ -344,6 +346,25 @@ def check_swe_task_env(out: str, jsonl: Path) -> None:
     assert listing == [".", "./pagination.py", "./test_pagination.py"]
     listing = observations("wordfreq-normalize", 1)[0].splitlines()[1:]
     assert listing == [".", "./data", "./data/sample.txt", "./wordfreq.py"]
+    # open-instruct's layout: environment/seeds/ and setup.sh's output, no tests.
+    listing = observations("csv-column-total", 1)[0].splitlines()[1:]
+    assert listing == [".", "./data", "./data/sales.csv", "./data/units.csv", "./report.py"]
+    solved = observations("csv-column-total", 0)
+    assert solved[0].startswith("Exit code: 1\nExecution output of [execute_bash]:\n[STDOUT]\n")
+    assert "ValueError: invalid literal for int()" in solved[0]
+    assert solved[1].startswith("Exit code: 0\n")
+    assert "[STDOUT]\n/workspace/data\n" in solved[1]  # the shell stayed where it went
+    assert solved[-1] == (
+        "Test execution complete.\nExit code: 0\n[STDOUT]\n"
+        "PASS column_total('data/units.csv', 'units') = 12.0 (expected 12)\n"
+        "PASS column_total('data/sales.csv', 'amount') = 60.5 (expected 60.5)\n"
+        "2/2 checks passed\n\n[STDERR]\n\nReward: 1.0"
+    )
+    # Every submission shows open-instruct's observation: exit code, output, reward.
+    for record in records.values():
+        assert observations(record["task_id"], record["trajectory"])[-1].startswith(
+            "Test execution complete.\nExit code: "
+        )
 
 
 def test_swe_task_env(process_root: Path, tmp_path: Path) -> None:
@@ -368,8 +389,63 @@ def copy_tasks(destination: Path, image: str) -> Path:
     shutil.copytree(EXAMPLES / "swe_tasks", tasks)
     for task in tasks.iterdir():
         if task.is_dir():
-            (task / "image").write_text(image + "\n")
+            name = "image.txt" if (task / "image.txt").exists() else "image"
+            (task / name).write_text(image + "\n")
     return tasks
+
+
+def test_open_instruct_paths_are_mapped_and_only_those() -> None:
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        swe_task_env: Any = importlib.import_module("swe_task_env")
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    mapped = swe_task_env.map_task_paths(
+        'cd /tests && python3 /tests/t.py "/tests" >/logs/verifier/reward.txt\n'
+        "open('/logs/verifier/reward.txt'); ls /tests; cd /tests\n"
+        "/workspace/tests ../tests ~/tests $X/tests /testsuite /tests-old /logs.txt "
+        "https://example.com/tests /usr/share/logs\n"
+    )
+    assert mapped == (
+        "cd /tmp/asyncsandbox-task/tests && python3 /tmp/asyncsandbox-task/tests/t.py "
+        '"/tmp/asyncsandbox-task/tests" >/tmp/asyncsandbox-task/logs/verifier/reward.txt\n'
+        "open('/tmp/asyncsandbox-task/logs/verifier/reward.txt'); ls /tmp/asyncsandbox-task/tests; "
+        "cd /tmp/asyncsandbox-task/tests\n"
+        "/workspace/tests ../tests ~/tests $X/tests /testsuite /tests-old /logs.txt "
+        "https://example.com/tests /usr/share/logs\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("test_sh", "outcome"),
+    [
+        ("echo 1.7 > /logs/verifier/reward.txt; exit 1", "reward=1.00 (reward file)"),
+        ("echo -2 > /logs/verifier/reward.txt", "reward=0.00 (reward file)"),
+        ("test -d /tests && test -f /tests/test_outputs.py", "reward=1.00 (exit=0)"),
+        ("exit 3", "reward=0.00 (exit=3)"),
+    ],
+    ids=["clamped-high", "clamped-low", "exit-0", "exit-3"],
+)
+def test_open_instruct_task_rewards(
+    process_root: Path, tmp_path: Path, test_sh: str, outcome: str
+) -> None:
+    """The reward file, clamped to [0, 1], else the exit status, as open-instruct reads it;
+    the agent's own reward file does not count."""
+    tasks = shutil.copytree(EXAMPLES / "swe_tasks", tmp_path / "swe_tasks")
+    task = tasks / "csv-column-total"
+    (task / "tests" / "test.sh").write_text(f"#!/bin/bash\n{test_sh}\n")
+    solution = json.loads((task / "scripted_solution.json").read_text())
+    cheat = [
+        "I give myself full marks.",
+        "execute_bash",
+        {
+            "command": "mkdir -p /tmp/asyncsandbox-task/logs/verifier && echo 1 > /tmp/asyncsandbox-task/logs/verifier/reward.txt"
+        },
+    ]
+    (task / "scripted_solution.json").write_text(json.dumps([cheat, *solution]))
+    args = ["--policy", "scripted", "--tasks", str(tasks), "--task", "csv-column-total"]
+    out, _ = run_example("swe_task_env.py", *args, "--attempts", "1", root=process_root)
+    assert f"csv-column-total #0: {outcome}" in out
 
 
 def test_swe_task_env_masks_a_task_whose_setup_fails(process_root: Path, tmp_path: Path) -> None:

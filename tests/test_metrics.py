@@ -166,3 +166,56 @@ def test_wandb_offline_run_receives_the_metrics(
     recorded = files[0].read_bytes()
     assert b"asyncsandbox/executions" in recorded
     assert b"asyncsandbox/exec_completed_nonzero" in recorded
+
+
+async def test_execs_per_sandbox_count_live_sandboxes_and_reach_the_close_flush() -> None:
+    """Per-sandbox exec counts are in every log_metrics (sandboxes still running included)
+    and in the close-time flush, not only for sandboxes removed before a log."""
+    recorder = Recorder()
+    async with session(recorder) as s:
+        a = await s.sandbox().start()
+        b = await s.sandbox().start()
+        for _ in range(3):
+            await a.exec(["true"])
+        await b.exec(["true"])
+        first = s.log_metrics(step=1)  # both still live
+        assert (
+            first["asyncsandbox/min_execs_per_sandbox"],
+            first["asyncsandbox/max_execs_per_sandbox"],
+        ) == (1, 3)
+        assert first["asyncsandbox/avg_execs_per_sandbox"] == 2
+        await a.exec(["true"])  # the next window: only what ran in it
+        await a.exec(["false"])
+        second = s.log_metrics(step=2)
+        assert second["asyncsandbox/max_execs_per_sandbox"] == 2
+        assert second["asyncsandbox/min_execs_per_sandbox"] == 2
+        await b.exec(["true"])  # still live when the session closes
+    final, step = recorder.calls[-1]
+    assert step is None
+    assert final["asyncsandbox/avg_execs_per_sandbox"] == 1
+    assert final["asyncsandbox/executions"] == 1
+
+
+async def test_commands_that_cannot_run_are_counted_and_warned_once_per_program() -> None:
+    import structlog
+
+    recorder = Recorder()
+    with structlog.testing.capture_logs() as logs:
+        async with session(recorder) as s:
+            async with s.sandbox() as sb:
+                for _ in range(3):
+                    result = await sb.exec(["python", "-c", "print(1)"])
+                    assert result.returncode == 127  # the fake backend has no python
+                await sb.exec(["no-such-tool"])
+                await sb.exec(["true"])
+                await sb.exec(["false"])  # exit 1: not a missing program
+            metrics = s.metrics()
+    assert metrics["asyncsandbox/exec_command_not_found"] == 4
+    assert metrics["asyncsandbox/exec_completed_nonzero"] == 5
+    warnings = [e for e in logs if e["event"] == "sandbox.exec.command_not_found"]
+    assert [(w["program"], w["returncode"], w["log_level"]) for w in warnings] == [
+        ("python", 127, "warning"),
+        ("no-such-tool", 127, "warning"),
+    ]
+    assert "python: command not found" in warnings[0]["stderr"]
+    assert "python3 vs python" in warnings[0]["hint"]

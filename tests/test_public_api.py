@@ -9,6 +9,9 @@ import pytest
 
 import asyncsandbox
 import asyncsandbox.abc
+import asyncsandbox.compat
+import asyncsandbox.compat.aviato
+import asyncsandbox.compat.cwsandbox
 import asyncsandbox.sync
 import asyncsandbox.testing
 import asyncsandbox.tools
@@ -16,6 +19,9 @@ import asyncsandbox.tools
 PUBLIC_MODULES = [
     asyncsandbox,
     asyncsandbox.abc,
+    asyncsandbox.compat,
+    asyncsandbox.compat.cwsandbox,
+    asyncsandbox.compat.aviato,
     asyncsandbox.sync,
     asyncsandbox.testing,
     asyncsandbox.tools,

@@ -86,10 +86,12 @@ class Server:
         assert self.process.stdout is not None
         ready, _, _ = select.select([self.process.stdout], [], [], 60)
         line = self.process.stdout.readline().decode() if ready else ""
-        if "listening on" not in line:
+        if not line.startswith(("http://", "https://")):
             self.stop(signal.SIGKILL)
             raise RuntimeError(f"the server did not start:\n{self.logs()[-3000:]}")
-        self.url = line.split("listening on ", 1)[1].split()[0]
+        # --print-url: the URL alone on stdout (the log line goes to stderr).
+        self.url = line.strip()
+        self.first_line = line
 
     def logs(self) -> str:
         return self.log.read_text(errors="replace")
@@ -246,6 +248,11 @@ async def test_session_by_name_and_environment(
             assert sb.extra(RemoteAttributes.server_backend) == "process"
             assert sb.extra(RemoteAttributes.base_url) == process_server.url
     assert ALICE not in repr(session.backend)
+
+
+def test_print_url_prints_the_url_alone(process_server: Server) -> None:
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+\n", process_server.first_line)
+    assert f"asyncsandbox serve: listening on {process_server.url} (" in process_server.logs()
 
 
 def test_backend_needs_url_and_key(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -193,6 +193,68 @@ async def test_capacity_timeout_raises_and_leaks_no_slot() -> None:
         assert s.statistics().live.active == 0
 
 
+async def test_a_long_wait_for_capacity_is_logged_with_its_likely_cause() -> None:
+    """The seeds' pattern, `session.sandbox().exec(...)` without a stop, fills max_live:
+    the next start waits, and after `capacity_warning` seconds a warning says why."""
+    with structlog.testing.capture_logs() as logs:
+        async with session(limits=Limits(max_live=2, capacity_warning=0.2)) as s:
+            for _ in range(2):
+                await s.sandbox().exec(["true"])  # never stopped
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(s.run, ["true"])
+                await anyio.sleep(0.6)  # three times the warning delay: still one warning
+                assert s.statistics().live.waiting == 3
+                tg.cancel_scope.cancel()
+            assert s.statistics().live.active == 2  # the cancelled waits took no slot
+    warnings = [e for e in logs if e["event"] == "session.capacity.waiting"]
+    assert len(warnings) == 1
+    warning = warnings[0]
+    assert warning["log_level"] == "warning"
+    assert (warning["limit"], warning["active"], warning["max"]) == ("live", 2, 2)
+    assert warning["waited_seconds"] >= 0.2
+    assert "2/2 in use, 3 waiting" in warning["message"]
+    assert "never stopped" in warning["message"]
+    assert "2 of the 2 live sandboxes run no command right now" in warning["message"]
+
+
+async def test_capacity_warning_off_and_fifo_kept_with_it() -> None:
+    with structlog.testing.capture_logs() as logs:
+        async with (
+            session(limits=Limits(max_live=1, capacity_warning=None)) as s,
+            s.sandbox(),
+        ):
+            with anyio.move_on_after(0.3):
+                await s.sandbox().start()
+    assert not [e for e in logs if e["event"] == "session.capacity.waiting"]
+    order: list[int] = []
+    async with session(limits=Limits(max_live=1, capacity_warning=0.01)) as s:
+
+        async def run(i: int) -> None:
+            async with s.sandbox():
+                order.append(i)
+                await anyio.sleep(0.03)  # longer than the warning delay
+
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(run, i)
+                await anyio.sleep(0.001)  # arrive in order
+    assert order == list(range(6))
+    with pytest.raises(InvalidArgument):
+        Limits(capacity_warning=-1)
+
+
+async def test_capacity_timeout_with_a_warning_timer_leaks_no_slot() -> None:
+    async with session(limits=Limits(max_live=1, capacity_timeout=0.1, capacity_warning=0.05)) as s:
+        holder = await s.sandbox().start()
+        with pytest.raises(CapacityTimeout):
+            await s.sandbox().start()
+        await holder.stop()
+        assert s.statistics().live.active == 0
+        async with s.sandbox() as sb:
+            await sb.exec(["true"])
+
+
 async def test_repr_shows_limits() -> None:
     async with session(limits=Limits(max_live=4)) as s:
         await s.sandbox().start()
@@ -519,7 +581,26 @@ async def test_wait_timeout_and_validation() -> None:
         with pytest.raises(InvalidArgument, match="Operation handles"):
             await asyncsandbox.wait([not_an_operation])  # type: ignore[list-item]
         not_an_operation.close()
+        with pytest.raises(InvalidArgument, match="a list of operations"):
+            asyncsandbox.wait(op)  # type: ignore[arg-type, unused-coroutine]
         op.cancel()
+
+
+def test_wait_and_as_completed_reject_sync_handles_when_called() -> None:
+    """Called without await on the blocking facade's handles, they raise at once instead
+    of returning a coroutine that never runs."""
+    from asyncsandbox.sync import SyncSession
+
+    with SyncSession(FakeBackend(), sweep=False) as s:
+        handle = s.sandbox().exec(["true"])
+        for function in (asyncsandbox.wait, asyncsandbox.as_completed):
+            with pytest.raises(InvalidArgument) as info:
+                function([handle])  # type: ignore[list-item]
+            name = function.__name__
+            assert f"for Handles of asyncsandbox.sync use asyncsandbox.sync.{name}()" in str(
+                info.value
+            )
+        assert handle.result().returncode == 0
 
 
 # -- listing and garbage collection -------------------------------------------------------

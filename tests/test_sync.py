@@ -8,6 +8,7 @@ import asyncio
 import gc
 import inspect
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -30,11 +31,15 @@ from asyncsandbox import (
     ExecTimeout,
     FileErrorReason,
     InvalidArgument,
+    Limits,
     OperationCancelled,
+    Sandbox as AsyncSandbox,
     SandboxClosed,
+    SandboxDefaults,
     SandboxDied,
     SandboxError,
     SandboxFileError,
+    Session as AsyncSession,
     sync as sync_module,
 )
 from asyncsandbox.sync import (
@@ -123,7 +128,7 @@ def test_arguments_are_checked_at_construction() -> None:
     with pytest.raises(InvalidArgument):
         SyncSession(FakeBackend(), async_library="curio")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument):
-        SyncSession(FakeBackend(), limits=3)
+        SyncSession(FakeBackend(), limits=3)  # type: ignore[arg-type]
 
 
 def test_close_removes_sandboxes_and_cancels_pending_handles(process_root: Path) -> None:
@@ -166,7 +171,8 @@ def test_context_managers(process_root: Path) -> None:
 def test_unclosed_session_is_closed_when_collected(process_root: Path) -> None:
     def use() -> None:
         session = process_session(process_root)
-        assert session.sandbox().exec(["true"]).result().returncode == 0
+        sandbox = session.sandbox()  # held: a dropped sandbox is stopped on its own
+        assert sandbox.exec(["true"]).result().returncode == 0
         assert len(sandbox_dirs(process_root)) == 1
 
     use()
@@ -441,9 +447,11 @@ def test_blocking_calls_inside_an_event_loop_raise_clearly(runner: str) -> None:
 def test_list_delete_gc_statistics() -> None:
     fake = FakeBackend()
     with fake_session(fake) as session:
-        for _ in range(3):
-            session.sandbox(tags=["sync-list"]).start().result()
-        session.sandbox(tags=["other"]).start().result()
+        # Held: a SyncSandbox dropped without stop() is stopped when collected.
+        held = [session.sandbox(tags=["sync-list"]) for _ in range(3)]
+        held.append(session.sandbox(tags=["other"]))
+        for sb in held:
+            sb.start().result()
         assert len(session.list(tags=["sync-list"])) == 3
         assert len(session.list(this_session=True)) == 4
         assert len(session.delete(tags=["sync-list"])) == 3
@@ -454,3 +462,212 @@ def test_list_delete_gc_statistics() -> None:
         assert stats.sandboxes_started == 4
     assert fake.world.live == 0
     assert session.statistics().sandboxes_removed == 4  # still readable after close
+
+
+# -- the facade is complete: same surface as the async API ---------------------------------
+
+# What the async classes have that the blocking ones deliberately do not, and why.
+ASYNC_ONLY = {
+    "Session": {
+        "submit": "runs an awaitable in the session's background; sync code has none to give",
+        "aclose": "the async resource protocol; SyncSession.close()",
+        "backend": "the Backend instance lives in (and must be used from) the event loop",
+    },
+    "Sandbox": {
+        "exec_stream": "streams output to an async iterator; sync code uses exec()",
+        "aclose": "the async resource protocol (an alias of stop())",
+    },
+}
+
+
+def _public(obj: object) -> set[str]:
+    return {name for name in dir(obj) if not name.startswith("_")}
+
+
+def _parameters(func: Callable[..., object]) -> list[tuple[str, object, object, object]]:
+    signature = inspect.signature(func)
+    return [
+        (p.name, p.kind, p.default, p.annotation)
+        for p in signature.parameters.values()
+        if p.name != "self"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("async_cls", "sync_cls"),
+    [(AsyncSession, SyncSession), (AsyncSandbox, sync_module.SyncSandbox)],
+    ids=["Session", "Sandbox"],
+)
+def test_sync_classes_mirror_the_async_ones(async_cls: type, sync_cls: type) -> None:
+    """Every public method and property of the async class exists on the blocking one
+    with the same parameters (names, kinds, defaults, annotations), unless listed in
+    ASYNC_ONLY with a reason; nothing is only in the sync one but the sync extras."""
+    excluded = ASYNC_ONLY[async_cls.__name__]
+    for name in sorted(_public(async_cls) - set(excluded)):
+        async_member = inspect.getattr_static(async_cls, name)
+        assert hasattr(sync_cls, name), f"{sync_cls.__name__}.{name} is missing"
+        sync_member = inspect.getattr_static(sync_cls, name)
+        if isinstance(async_member, property):
+            assert isinstance(sync_member, property), f"{sync_cls.__name__}.{name}"
+        elif callable(async_member):
+            assert _parameters(sync_member) == _parameters(async_member), (
+                f"{sync_cls.__name__}.{name} drifted from {async_cls.__name__}.{name}"
+            )
+    for name in excluded:
+        assert hasattr(async_cls, name), f"ASYNC_ONLY lists {name}, gone from the async API"
+        assert not hasattr(sync_cls, name), f"{name} is in ASYNC_ONLY and in the sync class"
+
+
+def test_sync_constructor_and_attributes_mirror_the_async_session() -> None:
+    async_params = _parameters(AsyncSession.__init__)
+    sync_params = _parameters(SyncSession.__init__)
+    assert sync_params[:-1] == async_params
+    assert sync_params[-1][0] == "async_library"
+    fake = FakeBackend()
+    async_session = AsyncSession(fake, sweep=False)
+    sync_session = fake_session(limits=Limits(max_live=3))
+    # Instance attributes of the async Session are properties of the sync one.
+    for name in _public(async_session) - _public(AsyncSession):
+        assert isinstance(inspect.getattr_static(SyncSession, name), property), name
+    assert sync_session.limits == Limits(max_live=3)
+    assert sync_session.defaults == SandboxDefaults()
+    with sync_session:
+        sb = sync_session.sandbox(tags=["mirror"])
+        for name in _public(sb._sandbox) - _public(AsyncSandbox):
+            assert isinstance(inspect.getattr_static(sync_module.SyncSandbox, name), property)
+        sb.start().result()
+        assert sb.startup_seconds is not None
+        assert sb.config.tags == ("mirror",)
+
+
+def test_no_async_class_under_a_bare_name() -> None:
+    """`from asyncsandbox.sync import Session` used to give the ASYNC Session: its methods
+    returned coroutines that sync code never ran, and every reward came out 0."""
+    for name, sync_name in (("Session", "SyncSession"), ("Sandbox", "SyncSandbox")):
+        assert name not in vars(sync_module)
+        with pytest.raises(ImportError, match=f"asyncsandbox.sync.{sync_name}"):
+            getattr(sync_module, name)
+        with pytest.raises(ImportError, match=re.escape("asyncsandbox.compat.cwsandbox")):
+            exec(f"from asyncsandbox.sync import {name}")  # noqa: S102 - the statement itself
+    with pytest.raises(AttributeError):
+        sync_module.Nothing  # noqa: B018
+    for name in sync_module.__all__:  # nothing exported returns a coroutine
+        value = getattr(sync_module, name)
+        members = vars(value).values() if inspect.isclass(value) else [value]
+        for member in members:
+            assert not inspect.iscoroutinefunction(member), f"{name}: {member}"
+            assert not inspect.isasyncgenfunction(member), f"{name}: {member}"
+
+
+def test_metrics_log_metrics_and_exec_stats() -> None:
+    calls: list[tuple[dict[str, float], int | None]] = []
+    with fake_session(report_to=[lambda metrics, step: calls.append((dict(metrics), step))]) as s:
+        assert s.metrics()["asyncsandbox/executions"] == 0
+        sb = s.sandbox()
+        sb.exec(["true"]).result()
+        sb.exec(["false"]).result()
+        assert sb.exec_count == 2
+        assert sb.exec_stats == {
+            "exec_count": 2,
+            "exec_completed_ok": 1,
+            "exec_completed_nonzero": 1,
+            "exec_failures": 0,
+        }
+        logged = s.log_metrics(step=4)
+        assert logged["asyncsandbox/executions"] == 2
+        assert logged["asyncsandbox/max_execs_per_sandbox"] == 2  # a live sandbox
+        assert calls == [(logged, 4)]
+        assert s.metrics()["asyncsandbox/executions"] == 0  # reset after delivery
+        sb.exec(["true"]).result()
+        kept = s.log_metrics(step=5, reset=False)
+        assert s.metrics()["asyncsandbox/executions"] == kept["asyncsandbox/executions"] == 1
+    assert calls[-1][1] is None  # the close-time flush
+    assert s.metrics()["asyncsandbox/executions"] == 0  # readable after close
+
+
+def test_result_timeout_says_what_timed_out() -> None:
+    with fake_session() as session:
+        handle = session.sandbox().exec(["sleep", "999"])
+        with pytest.raises(TimeoutError, match=r"exec did not finish within 0\.1s") as info:
+            handle.result(timeout=0.1)
+        assert "not of the command" in str(info.value)
+        with pytest.raises(TimeoutError, match="keeps running"):
+            handle.exception(timeout=0.1)
+        seen: list[Handle[Any]] = []
+        handle.add_done_callback(seen.append)
+        handle.cancel()
+        eventually(lambda: seen == [handle])
+        done = session.sandbox().exec(["true"])
+        done.result()
+        done.add_done_callback(seen.append)  # already done: called at once
+        assert seen == [handle, done]
+
+
+# -- sandboxes dropped without stop() ---------------------------------------------------------
+
+
+def test_a_dropped_sandbox_is_stopped_when_collected(process_root: Path) -> None:
+    with process_session(process_root) as session:
+        sb = session.sandbox()
+        sb.exec(["true"]).result()
+        assert len(sandbox_dirs(process_root)) == 1
+        del sb
+        gc.collect()
+        eventually(lambda: session.statistics().sandboxes_removed == 1)
+        assert sandbox_dirs(process_root) == []
+
+
+def test_a_dropped_sandbox_lives_while_its_commands_run(process_root: Path) -> None:
+    """`session.sandbox().exec(...)`: the sandbox object is dropped at once, its command
+    runs on; the sandbox goes when the command is done and its handle dropped."""
+    with process_session(process_root) as session:
+        handle = session.sandbox().exec(["sh", "-c", "sleep 0.5; echo done"])
+        gc.collect()
+        assert handle.result(timeout=60).stdout == b"done\n"
+        assert len(sandbox_dirs(process_root)) == 1  # the handle keeps it
+        del handle
+        gc.collect()
+        eventually(lambda: sandbox_dirs(process_root) == [])
+        fire_and_forget = session.sandbox()
+        fire_and_forget.write_file("x", "data")  # the handle is dropped at once
+        del fire_and_forget
+        gc.collect()
+        eventually(lambda: session.statistics().sandboxes_removed == 2)
+        assert sandbox_dirs(process_root) == []
+        assert session.statistics().remove_failures == 0
+
+
+@pytest.mark.parametrize("async_library", ["asyncio", "trio"])
+def test_the_seeds_reward_pattern_does_not_exhaust_max_live(async_library: str) -> None:
+    """A reward function calling `session.sandbox().exec(...)` at every step, never
+    stopping a sandbox: with max_live=4, the 5th call used to wait forever."""
+    fake = FakeBackend()
+    with fake_session(fake, limits=Limits(max_live=4), async_library=async_library) as session:
+
+        def reward(completions: list[str]) -> list[float]:
+            processes = [session.sandbox().exec(["echo", code]) for code in completions]
+            return [1.0 if p.result(timeout=30).returncode == 0 else 0.0 for p in processes]
+
+        for _ in range(10):
+            assert reward(["a", "b", "c", "d"]) == [1.0] * 4
+        assert session.statistics().sandboxes_started == 40
+        eventually(lambda: fake.world.live == 0)
+
+
+def test_collection_in_the_event_loop_thread_is_safe() -> None:
+    """A finalizer may run in the event loop thread itself (a collection triggered
+    there): it must neither block nor deadlock."""
+    fake = FakeBackend()
+    with fake_session(fake) as session:
+        sandboxes = [session.sandbox() for _ in range(5)]
+        for sb in sandboxes:
+            sb.start().result()
+        victims: list[object] = [sandboxes]
+        del sandboxes, sb
+
+        async def drop_in_loop() -> None:
+            victims.clear()  # the last reference goes in the event loop thread
+            gc.collect()
+
+        session._runtime.call("drop", drop_in_loop)
+        eventually(lambda: fake.world.live == 0)

@@ -24,7 +24,7 @@ from asyncsandbox import (
     tools as tools_module,
 )
 from asyncsandbox.testing import FakeBackend, FakeProcess
-from asyncsandbox.tools import TOOL_NAMES, Toolbox, ToolResult
+from asyncsandbox.tools import TOOL_NAMES, Grade, Toolbox, ToolResult
 
 
 @asynccontextmanager
@@ -116,7 +116,10 @@ def test_public_surface_is_exported_and_documented() -> None:
 async def test_schemas_are_openai_tool_definitions() -> None:
     async with fake_toolbox(tests=["true"]) as toolbox:
         schemas = toolbox.schemas()
-        assert [s["function"]["name"] for s in schemas] == list(TOOL_NAMES)
+        # All but execute_bash, which is offered only when asked for.
+        assert [s["function"]["name"] for s in schemas] == [
+            n for n in TOOL_NAMES if n != "execute_bash"
+        ]
         json.dumps(schemas)  # plain JSON
         for schema in schemas:
             assert schema["type"] == "function"
@@ -235,6 +238,42 @@ async def test_bash_exit_status_and_output(process_root: Path) -> None:
         assert ok(await toolbox.call("bash", {"command": "pwd; cat sub/f"})) == (
             "exit=0\n/workspace\n1\n"
         )
+
+
+async def test_execute_bash_keeps_shell_state_and_speaks_open_instructs_format(
+    process_root: Path,
+) -> None:
+    tools = ["execute_bash", "str_replace_editor", "submit"]
+    async with process_toolbox(process_root, tools=tools, tests="true") as toolbox:
+        assert [s["function"]["name"] for s in toolbox.schemas()] == tools
+        schema = toolbox.schemas()[0]["function"]
+        assert "persist between calls" in schema["description"]
+        assert schema["parameters"]["required"] == ["command"]
+        first = await toolbox.call(
+            "execute_bash", {"command": "mkdir -p sub && cd sub && export GREETING=hi && echo ok"}
+        )
+        assert ok(first) == (
+            "Exit code: 0\nExecution output of [execute_bash]:\n[STDOUT]\nok\n\n[STDERR]\n"
+        )
+        # The working directory and exported variables persist, as in open-instruct.
+        again = await toolbox.call(
+            "execute_bash", {"command": "pwd; echo $GREETING; echo e >&2; exit 2"}
+        )
+        assert again.is_error
+        assert not again.infrastructure_error
+        assert again.observation == (
+            "Exit code: 2\nExecution output of [execute_bash]:\n[STDOUT]\n"
+            "/workspace/sub\nhi\n\n[STDERR]\ne\n"
+        )
+        timed = await toolbox.call(
+            "execute_bash", {"command": "echo part; sleep 30", "timeout": 0.5}
+        )
+        assert timed.is_error
+        assert timed.observation.startswith(
+            "Exit code: timed out after 0.5s (the command was killed)"
+        )
+        assert "[STDOUT]\npart\n" in timed.observation
+        assert "unknown tool 'bash'" in model_error(await toolbox.call("bash", {"command": "true"}))
 
 
 async def test_bash_timeout_kills_and_reports_partial_output(process_root: Path) -> None:
@@ -489,6 +528,14 @@ async def test_submit_with_a_grader_callable() -> None:
         result = await toolbox.call("submit", {})
         assert (result.reward, result.done) == (0.5, True)
         assert toolbox.reward == 0.5
+
+    async def graded(sandbox: Sandbox) -> Grade:
+        return Grade(reward=0.75, observation="Test execution complete.\nReward: 0.75")
+
+    async with fake_toolbox(tests=graded) as toolbox:
+        result = await toolbox.call("submit", {})
+        assert (result.reward, result.done) == (0.75, True)
+        assert result.observation == "Test execution complete.\nReward: 0.75"
 
     async def broken(sandbox: Sandbox) -> float:
         raise ValueError("grader bug")

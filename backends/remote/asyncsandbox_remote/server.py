@@ -174,7 +174,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-lifecycle", type=int, default=8, help="concurrent creates/removes")
     parser.add_argument("--max-execs", type=int, default=256, help="server-wide concurrent execs")
     parser.add_argument(
-        "--print-url", action="store_true", help="print the base URL on stdout once ready"
+        "--print-url",
+        action="store_true",
+        help="once ready, print the base URL alone on stdout (the log line goes to stderr)",
     )
     return parser
 
@@ -243,9 +245,10 @@ def main(argv: Sequence[str] | None = None, *, verbosity: int = 0) -> int:
     def ready(url: str) -> None:
         _say(
             f"asyncsandbox serve: listening on {url} (backend {config.backend}, "
-            f"{len({t.name for t in tenants})} tenant(s))",
-            sys.stdout if args.print_url else sys.stderr,
+            f"{len({t.name for t in tenants})} tenant(s))"
         )
+        if args.print_url:  # alone on stdout, for scripts: URL=$(... --print-url | head -1)
+            _say(url, sys.stdout)
 
     try:
         started = anyio.run(

@@ -1,0 +1,5 @@
+tags=(
+    "art-rollout",
+    f"job-{job_id}",
+    f"problem-{problem.task_id}",
+)

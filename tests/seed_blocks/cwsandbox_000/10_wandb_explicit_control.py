@@ -1,0 +1,6 @@
+# Explicit opt-in (creates reporter; metrics logged when wandb.run exists)
+session = Session(defaults, report_to=["wandb"])
+# Disable reporting (even if wandb run exists)
+session = Session(defaults, report_to=[])
+# Auto-detect (default behavior)
+session = Session(defaults, report_to=None)

@@ -1,0 +1,1 @@
+session.log_metrics(step=step, reset=False) # Keep accumulating
