@@ -193,10 +193,10 @@ class LocalServer:
             self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log)
         assert self.process.stdout is not None
         line = self.process.stdout.readline().decode()
-        if "listening on" not in line:
+        if not line.startswith(("http://", "https://")):  # --print-url: the URL alone
             self.stop()
             raise RuntimeError(f"the server did not start: {self.log.read_text()[-2000:]}")
-        self.url = line.split("listening on ", 1)[1].split()[0]
+        self.url = line.strip()
 
     def stop(self) -> int:
         if self.process.poll() is None:
