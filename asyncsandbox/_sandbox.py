@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import enum
 import math
-from collections.abc import AsyncIterator, Callable, Mapping
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 from types import TracebackType
@@ -29,17 +32,39 @@ from ._util import single_error
 from .abc import ExitStatus, SandboxHandle
 
 if TYPE_CHECKING:
-    from ._session import Session
+    from ._pool import Pool
+    from ._runtime import Runtime
 
-__all__ = ("ExecStream", "Sandbox")
+__all__ = ("ExecStream", "Sandbox", "SandboxOwner", "SandboxState")
 
 T = TypeVar("T")
 T_Attr = TypeVar("T_Attr")
 
 DEFAULT_READ_LIMIT = 100 * 1024 * 1024
 
-# Lifecycle states. A Sandbox only moves forward through them.
-_NEW, _STARTING, _RUNNING, _STOPPING, _CLOSED = "new", "starting", "running", "stopping", "closed"
+
+class SandboxState(enum.StrEnum):
+    """Where a :class:`Sandbox` is in its life; it only moves forward through these."""
+
+    NEW = "new"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    CLOSED = "closed"
+
+
+_NEW, _STARTING, _RUNNING, _STOPPING, _CLOSED = SandboxState
+
+
+@dataclass(frozen=True)
+class SandboxOwner:
+    """What a Sandbox gets from its Session: the runtime it calls, the set of the session's
+    started sandboxes (it enters it when started and leaves it when stopped, so that the
+    session can stop what is left), and the warm pool it may take a started sandbox from."""
+
+    runtime: Runtime
+    sandboxes: set[Sandbox]
+    pool: Pool | None
 
 
 class _ExecArgs:
@@ -85,19 +110,19 @@ class Sandbox:
     All methods are safe to call from many tasks at once (commands run concurrently).
     """
 
-    def __init__(self, session: Session, config: SandboxDefaults) -> None:
-        self._session = session
+    def __init__(self, owner: SandboxOwner, config: SandboxDefaults) -> None:
+        self._runtime = owner.runtime
+        self._owner = owner
         self.config = config
         """The effective settings of this sandbox (the session defaults plus overrides)."""
-        self._state = _NEW
+        self._state = SandboxState.NEW
         self._handle: SandboxHandle | None = None
         self._id: str | None = None
         self._start_lock = anyio.Lock()
         self._dead: SandboxDied | None = None
         self._scopes: set[anyio.CancelScope] = set()
-        self._log = session._log
+        self._log = owner.runtime.log
         self._execs = 0
-        self._running = 0  # commands running now
         self._stats = dict.fromkeys(
             ("exec_completed_ok", "exec_completed_nonzero", "exec_failures"), 0
         )
@@ -118,8 +143,8 @@ class Sandbox:
         return self.config.tags
 
     @property
-    def state(self) -> str:
-        """``new``, ``starting``, ``running``, ``stopping`` or ``closed``."""
+    def state(self) -> SandboxState:
+        """``new``, ``starting``, ``running``, ``stopping`` or ``closed`` (a str enum)."""
         return self._state
 
     @property
@@ -133,14 +158,6 @@ class Sandbox:
         ``exec_completed_nonzero``, ``exec_failures`` (timeouts and errors). Commands still
         running count in ``exec_count`` only."""
         return {"exec_count": self._execs, **self._stats}
-
-    def _record(self, result: ExecResult | None, error: BaseException | None) -> None:
-        if result is None or result.timed_out:
-            self._stats["exec_failures"] += 1
-        elif result.returncode == 0:
-            self._stats["exec_completed_ok"] += 1
-        else:
-            self._stats["exec_completed_nonzero"] += 1
 
     def extra(self, attribute: T_Attr, default: Any = TypedAttributeLookupError) -> T_Attr:
         """A backend-specific typed attribute of the started sandbox (see ``asyncsandbox.abc``)."""
@@ -171,12 +188,19 @@ class Sandbox:
             if self._state in (_STOPPING, _CLOSED):
                 raise SandboxClosed("the sandbox was stopped")
             self._state = _STARTING
+            runtime, pool = self._runtime, self._owner.pool
+            started = anyio.current_time()
             try:
                 # stop() cancels this scope: a start waiting for capacity gives up at once.
                 with anyio.CancelScope() as scope:
                     self._scopes.add(scope)
                     try:
-                        self._handle = await self._session._create(self)
+                        runtime.check_open()
+                        # A hand-over from the warm pool, else a new sandbox.
+                        handle = pool.take(self.config) if pool is not None else None
+                        if handle is None:
+                            handle = await runtime.create(runtime.spec(self.config))
+                        self._handle = handle
                     finally:
                         self._scopes.discard(scope)
             except BaseException:
@@ -185,6 +209,10 @@ class Sandbox:
                 raise
             if self._handle is None:
                 raise SandboxClosed("the sandbox was stopped while it started")
+            self.startup_seconds = anyio.current_time() - started
+            self.started_at = time.time()
+            runtime.adopt(self._handle, self.startup_seconds)
+            self._owner.sandboxes.add(self)
             if self._state == _STARTING:  # else stop() is waiting for this lock to remove it
                 self._state = _RUNNING
             self._id = self._handle.id
@@ -212,7 +240,10 @@ class Sandbox:
                 handle, self._handle = self._handle, None
                 self._state = _CLOSED
                 if handle is not None:
-                    await self._session._remove(self, handle)
+                    try:
+                        await self._runtime.remove(handle)
+                    finally:
+                        self._owner.sandboxes.discard(self)
 
     aclose = stop
 
@@ -230,9 +261,9 @@ class Sandbox:
     async def info(self) -> SandboxInfo:
         """The backend's current description of this sandbox."""
         handle = await self._live_handle()
-        session = self._session
-        return await session._operation(
-            "inspect", handle.inspect, timeout=session.timeouts.operation, sandbox=self
+        runtime = self._runtime
+        return await self._guard(
+            runtime.call("inspect", handle.inspect, timeout=runtime.timeouts.operation)
         )
 
     # -- commands -----------------------------------------------------------------------
@@ -329,11 +360,10 @@ class Sandbox:
         buffers: dict[str, BoundedBuffer],
         on_output: Callable[[Stream, bytes], Any],
     ) -> ExecResult:
-        session = self._session
+        runtime = self._runtime
         handle = await self._live_handle()
-        async with session._exec_slot():
+        async with runtime.slot(handle.id):
             self._execs += 1
-            self._running += 1
             status: ExitStatus | None = None
             started = anyio.current_time()
             deadline = math.inf if args.timeout is None else started + args.timeout
@@ -341,22 +371,22 @@ class Sandbox:
                 with anyio.CancelScope(deadline=deadline) as scope:
                     self._scopes.add(scope)
                     try:
-                        status = await session._launch(
-                            "exec",
-                            lambda: handle.exec(
-                                args.argv,
-                                cwd=args.cwd,
-                                env=args.env,
-                                stdin=args.stdin,
-                                on_output=on_output,
-                            ),
-                            self,
+                        status = await self._guard(
+                            runtime.launch(
+                                "exec",
+                                lambda: handle.exec(
+                                    args.argv,
+                                    cwd=args.cwd,
+                                    env=args.env,
+                                    stdin=args.stdin,
+                                    on_output=on_output,
+                                ),
+                            )
                         )
                     finally:
                         self._scopes.discard(scope)
-                        self._running -= 1
             except SandboxError as exc:
-                session._exec_finished(self, None, exc)
+                self._finished(None, exc)
                 raise
             duration = anyio.current_time() - started
         # No status means our scope cancelled the call: stop() was called, or the deadline hit.
@@ -364,7 +394,7 @@ class Sandbox:
         if status is None:
             if self._state in (_STOPPING, _CLOSED):
                 closed = SandboxClosed("the sandbox was stopped while the command ran")
-                session._exec_finished(self, None, closed)
+                self._finished(None, closed)
                 raise closed
             status = ExitStatus(returncode=137, signal=9)  # the backend SIGKILLed the tree
         out, err = buffers["stdout"], buffers["stderr"]
@@ -386,9 +416,9 @@ class Sandbox:
             error = ExecTimeout(
                 f"command timed out after {args.timeout}s: {_short(args.argv)}", result
             )
-            session._exec_finished(self, result, error)
+            self._finished(result, error)
             raise error
-        session._exec_finished(self, result, None)
+        self._finished(result, None)
         if args.check and result.returncode != 0:
             raise ExecFailed(
                 f"command exited with status {result.returncode}: {_short(args.argv)}", result
@@ -406,9 +436,9 @@ class Sandbox:
         target = check.sandbox_path("path", path, workdir=self.config.workdir)
         limit = check.positive_int("max_bytes", max_bytes)
         handle = await self._live_handle()
-        async with self._session._exec_slot():
-            return await self._session._launch(
-                "read_file", lambda: handle.read_file(target, max_bytes=limit), self
+        async with self._runtime.slot(handle.id):
+            return await self._guard(
+                self._runtime.launch("read_file", lambda: handle.read_file(target, max_bytes=limit))
             )
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
@@ -422,10 +452,12 @@ class Sandbox:
             raise InvalidArgument(f"data must be bytes or str, got {type(content).__name__}")
         check.permission_mode("mode", mode)
         handle = await self._live_handle()
-        async with self._session._exec_slot():
-            payload = bytes(content)
-            await self._session._launch(
-                "write_file", lambda: handle.write_file(target, payload, mode=mode), self
+        payload = bytes(content)
+        async with self._runtime.slot(handle.id):
+            await self._guard(
+                self._runtime.launch(
+                    "write_file", lambda: handle.write_file(target, payload, mode=mode)
+                )
             )
 
     async def upload(self, local: str | PathLike[str], remote: str) -> None:
@@ -443,9 +475,8 @@ class Sandbox:
                 raise InvalidArgument("remote must name a file when uploading a file")
             directory, _, arcname = target.rpartition("/")
             directory = directory or "/"
-        handle = await self._live_handle()
-        async with self._session._exec_slot(), _archive.pack(source, arcname=arcname) as chunks:
-            await self._session._backend_call(handle.put_archive(directory, chunks), sandbox=self)
+        async with _archive.pack(source, arcname=arcname) as chunks:
+            await self.put_archive(directory, chunks)
 
     async def download(
         self, remote: str, local: str | PathLike[str], *, max_bytes: int | None = None
@@ -463,12 +494,49 @@ class Sandbox:
         if max_bytes is not None:
             check.positive_int("max_bytes", max_bytes)
         dest = Path(local)
-        handle = await self._live_handle()
-        async with (
-            self._session._exec_slot(),
-            self._session._backend_context(handle.get_archive(source), sandbox=self) as chunks,
-        ):
+        async with self.get_archive(source) as chunks:
             await _archive.unpack(chunks, dest, max_bytes=max_bytes, label=source)
+
+    async def put_archive(self, path: str, archive: AsyncIterable[bytes]) -> None:
+        """Extract an uncompressed tar stream into the directory ``path`` (created if
+        missing), consuming ``archive`` as it comes. Members keep their permission bits;
+        the sandbox user owns them. The backend checks the members (no ``..``, no absolute
+        names, no devices); :meth:`upload` builds the stream from local files.
+
+        Cancellation: the transfer stops; what was extracted so far stays.
+        """
+        target = check.sandbox_path("path", path, workdir=self.config.workdir)
+        if not isinstance(archive, AsyncIterable):
+            raise InvalidArgument(f"archive must be an async iterable of bytes, got {archive!r}")
+        handle = await self._live_handle()
+        async with self._runtime.slot(handle.id):
+            await self._guard(self._runtime.translate(handle.put_archive(target, archive)))
+
+    @asynccontextmanager
+    async def get_archive(self, path: str) -> AsyncIterator[AsyncIterator[bytes]]:
+        """Stream the file or directory ``path`` (recursively) as an uncompressed tar,
+        whose single top-level member is named after it; symlinks are stored, never
+        followed. :meth:`download` unpacks it locally, checked as untrusted input::
+
+            async with sandbox.get_archive("results") as chunks:
+                async for chunk in chunks:
+                    ...
+
+        Raises :class:`SandboxFileError` (``not_found``, ``permission``) on entering.
+
+        Cancellation: leaving the block stops the transfer.
+        """
+        source = check.sandbox_path("path", path, workdir=self.config.workdir)
+        handle = await self._live_handle()
+        try:
+            async with (
+                self._runtime.slot(handle.id),
+                self._runtime.stream(handle.get_archive(source)) as chunks,
+            ):
+                yield chunks
+        except SandboxDied as exc:
+            self._mark_dead(exc)
+            raise
 
     # -- internals ----------------------------------------------------------------------
 
@@ -481,6 +549,32 @@ class Sandbox:
         if handle is None:
             raise SandboxClosed("the sandbox was stopped")
         return handle
+
+    async def _guard(self, call: Awaitable[T]) -> T:
+        """A call of this sandbox through the runtime; its death is remembered."""
+        try:
+            return await call
+        except SandboxDied as exc:
+            self._mark_dead(exc)
+            raise
+
+    def _finished(self, result: ExecResult | None, error: BaseException | None) -> None:
+        """Account for a command's end: in the runtime's metrics and our own stats."""
+        self._runtime.exec_finished(self._id, result, error)
+        if result is None or result.timed_out:
+            self._stats["exec_failures"] += 1
+        elif result.returncode == 0:
+            self._stats["exec_completed_ok"] += 1
+        else:
+            self._stats["exec_completed_nonzero"] += 1
+        if result is not None:
+            self._log.debug(
+                "sandbox.exec.finished",
+                argv0=result.argv[0],
+                returncode=result.returncode,
+                seconds=round(result.duration, 4),
+                timed_out=result.timed_out,
+            )
 
     def _mark_dead(self, error: SandboxDied) -> None:
         if self._dead is None:

@@ -655,10 +655,12 @@ class SyncSession:
         self,
         argv: list[str] | tuple[str, ...],
         *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
         timeout: float | None = None,
         check: bool = False,
-        env: Mapping[str, str] | None = None,
+        max_output_bytes: int | None = None,
         **overrides: Any,
     ) -> Handle[ExecResult]:
         """Run one command in a fresh sandbox that is removed afterwards; return a handle
@@ -667,7 +669,15 @@ class SyncSession:
         Cancellation: cancelling the handle kills the command and removes the sandbox.
         """
         call = functools.partial(
-            self._session.run, argv, stdin=stdin, timeout=timeout, check=check, env=env, **overrides
+            self._session.run,
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            timeout=timeout,
+            check=check,
+            max_output_bytes=max_output_bytes,
+            **overrides,
         )
         return self._launch("run", call)
 

@@ -637,7 +637,7 @@ async def test_session_start_sweeps_by_default() -> None:
         assert sb.id is not None
         world.sandboxes[sb.id].spec.labels[_owner.OWNER] = "elsewhere/boot/1/1"
         s._sandboxes.clear()  # forget it, as a crashed owner would
-        s._live.release()
+        s._runtime.live.release()
     await anyio.sleep(0.05)
     async with Session(FakeBackend(world=world)):
         pass

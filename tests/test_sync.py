@@ -475,6 +475,8 @@ ASYNC_ONLY = {
     },
     "Sandbox": {
         "exec_stream": "streams output to an async iterator; sync code uses exec()",
+        "put_archive": "consumes an async iterable of tar chunks; sync code uses upload()",
+        "get_archive": "yields an async iterator of tar chunks; sync code uses download()",
         "aclose": "the async resource protocol (an alias of stop())",
     },
 }
@@ -671,3 +673,27 @@ def test_collection_in_the_event_loop_thread_is_safe() -> None:
 
         session._runtime.call("drop", drop_in_loop)
         eventually(lambda: fake.world.live == 0)
+
+
+def test_every_way_to_run_a_command_takes_the_same_keywords() -> None:
+    """Sandbox.exec, exec_stream and Session.run (and their blocking twins) take one set of
+    command keywords: a new one added to exec but forgotten elsewhere fails here."""
+
+    def keywords(func: Callable[..., object]) -> list[tuple[str, object, object]]:
+        return [
+            (p.name, p.default, p.annotation)
+            for p in inspect.signature(func).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        ]
+
+    reference = keywords(AsyncSandbox.exec)
+    assert [name for name, _, _ in reference] == [
+        "cwd", "env", "stdin", "timeout", "check", "max_output_bytes"
+    ]  # fmt: skip
+    for func in (
+        AsyncSandbox.exec_stream,
+        AsyncSession.run,
+        sync_module.SyncSandbox.exec,
+        sync_module.SyncSession.run,
+    ):
+        assert keywords(func) == reference, func.__qualname__

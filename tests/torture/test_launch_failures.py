@@ -96,7 +96,7 @@ def test_host_replacing_etc_files_never_becomes_an_exit_status(
     finally:
         shutil.rmtree(root, ignore_errors=True)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
-    outcome = json.loads(done.stdout)
+    outcome = json.loads(done.stdout.splitlines()[-1])  # after any warning printed
     statuses, errors = outcome["statuses"], outcome["errors"]
     REPORT.fault("etc replaced by rename", f"process-{mechanism}", json.dumps(outcome))
     assert outcome["replaced"] > 100, "the churn did not run"

@@ -1,0 +1,419 @@
+"""The runtime: the one layer between the public API and a backend.
+
+It owns the backend and applies every policy once, for every backend: the concurrency
+limits, the infrastructure deadlines (:class:`Timeouts`), the retries
+(:class:`RetryPolicy`), the translation of what escapes the backend contract, the metrics
+and the logs. Calls go one way::
+
+    Session ─┐
+             ├─> Runtime ─> Backend / SandboxHandle (asyncsandbox.abc)
+    Sandbox ─┘
+
+The runtime never calls a :class:`Session` or a :class:`Sandbox`; what they need to learn
+(that a sandbox died, how long a start took) comes back as return values and exceptions.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from typing import Any, Self, TypeVar
+
+import anyio
+
+from . import _owner
+from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts
+from ._errors import (
+    BackendTimeout,
+    InfrastructureError,
+    InvalidArgument,
+    LaunchError,
+    SandboxClosed,
+    SandboxError,
+)
+from ._limits import Limiter
+from ._metrics import COMMAND_NOT_FOUND, Metrics
+from ._models import ExecResult
+from ._registry import create_backend
+from ._util import current_async_library
+from .abc import Backend, SandboxHandle, SandboxSpec
+
+T = TypeVar("T")
+
+RESOURCE_LIMITS = ("cpus", "memory_mb", "pids", "disk_mb")
+
+
+class RuntimeState(enum.StrEnum):
+    NEW = "new"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class Runtime:
+    """Runs one backend under the policy of one Session (see the module docstring)."""
+
+    def __init__(
+        self,
+        backend: str | Backend,
+        backend_options: Mapping[str, Any],
+        *,
+        session_id: str,
+        limits: Limits,
+        timeouts: Timeouts,
+        retries: RetryPolicy,
+        metrics: Metrics,
+        log: Any,
+    ) -> None:
+        self._backend = backend if isinstance(backend, Backend) else None
+        self._backend_options = dict(backend_options)
+        self.name = backend.name if isinstance(backend, Backend) else backend
+        self._stack = AsyncExitStack()
+        self.session_id = session_id
+        self.limits = limits
+        self.timeouts = timeouts
+        self.retries = retries
+        self.metrics = metrics
+        self.log = log
+        self.state = RuntimeState.NEW
+        policy: dict[str, Any] = {
+            "capacity_timeout": limits.capacity_timeout,
+            "on_wait": metrics.waited,
+            "warn_after": limits.capacity_warning,
+            "on_slow_wait": self._slow_capacity_wait,
+        }
+        self.live = Limiter("live", limits.max_live, **policy)
+        self.lifecycle = Limiter("lifecycle", limits.max_lifecycle, **policy)
+        self.execs = Limiter("execs", limits.max_execs, **policy)
+        self.counts = dict.fromkeys(
+            ("started", "removed", "start_failures", "remove_failures", "finished"), 0
+        )
+        self.counts.update(timed_out=0, failed=0)
+        self._creating: set[anyio.CancelScope] = set()
+        self._running: dict[str, int] = {}  # live sandbox id -> commands running in it
+        self._unenforced_warned: set[frozenset[str]] = set()
+        self._not_found_warned: set[str] = set()
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            raise SandboxClosed("the session is not open yet")
+        return self._backend
+
+    async def open(self) -> None:
+        """Create the backend (if named) and enter it, on a library it supports."""
+        self.state = RuntimeState.OPEN
+        if self._backend is None:
+            self._backend = create_backend(self.name, self._backend_options)
+        library = current_async_library()
+        supported = self._backend.capabilities.async_libraries
+        if library not in supported:
+            raise InvalidArgument(
+                f"the {self.name!r} backend does not run on {library} (it supports: "
+                f"{', '.join(sorted(supported))}); run it under one of those, or use a "
+                f"backend that supports {library} such as 'process' or 'remote'"
+            )
+        await self._stack.enter_async_context(self._backend)
+
+    async def close(self) -> None:
+        """Close the backend (its sandboxes must be removed first). Not shielded: a
+        backend may hold a task group entered before it, which must exit outside scopes
+        opened later; ``Backend.aclose`` shields what it must."""
+        self.state = RuntimeState.CLOSED
+        await self._stack.aclose()
+
+    def check_open(self) -> None:
+        if self.state != RuntimeState.OPEN:
+            raise SandboxClosed(
+                "the session is not open; use `async with Session(...) as session`"
+                if self.state == RuntimeState.NEW
+                else "the session is closed"
+            )
+
+    def begin_close(self) -> None:
+        """No sandbox may be created from now on: starts still waiting give up."""
+        self.state = RuntimeState.CLOSING
+        for scope in list(self._creating):
+            scope.cancel()
+
+    # -- sandboxes -----------------------------------------------------------------------
+
+    def spec(self, config: SandboxDefaults) -> SandboxSpec:
+        """What the backend is asked to create for ``config``."""
+        caps = self.backend.capabilities
+        if config.network not in caps.network_modes:
+            raise InvalidArgument(
+                f"the {self.name!r} backend does not support network={config.network!r} "
+                f"(supported: {', '.join(sorted(caps.network_modes))})"
+            )
+        wanted = {n for n in RESOURCE_LIMITS if getattr(config.resources, n) is not None}
+        unenforced = frozenset(wanted - caps.enforced_limits)
+        if unenforced and unenforced not in self._unenforced_warned:
+            self._unenforced_warned.add(unenforced)
+            self.log.warning(
+                "sandbox.limits.unenforced",
+                limits=sorted(unenforced),
+                hint=f"the {self.name} backend cannot enforce them here "
+                "(the process backend needs root for cgroups and disk quotas)",
+            )
+        return SandboxSpec(
+            image=config.image,
+            env=config.env,
+            workdir=config.workdir,
+            resources=config.resources,
+            network=config.network,
+            labels=_owner.runtime_labels(
+                session_id=self.session_id, tags=config.tags, max_lifetime=config.max_lifetime
+            ),
+            max_lifetime=config.max_lifetime,
+        )
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        """Create a sandbox under the limits; it holds a ``live`` slot until :meth:`remove`.
+
+        Cancellation: nothing is left (the backend undoes a half-created sandbox); so too
+        when the session begins closing while this waits.
+        """
+        handle: SandboxHandle | None = None
+        with anyio.CancelScope() as scope:
+            self._creating.add(scope)
+            try:
+                await self.live.acquire()
+                try:
+                    async with self.lifecycle.slot():
+                        self.check_open()  # the session may have closed while we waited
+                        handle = await self.call(
+                            "create",
+                            lambda: self.backend.create(spec),
+                            timeout=self.timeouts.create,
+                        )
+                except BaseException:
+                    self.live.release()
+                    self.counts["start_failures"] += 1
+                    raise
+            finally:
+                self._creating.discard(scope)
+        if handle is None:
+            raise SandboxClosed("the session closed while the sandbox was starting")
+        if self.state != RuntimeState.OPEN:
+            # Created just as the session began closing, maybe after it listed what to
+            # remove: remove it here (shielded: it must not outlive the session).
+            with anyio.CancelScope(shield=True):
+                await self.remove(handle)
+            raise SandboxClosed("the session closed while the sandbox was starting")
+        return handle
+
+    def adopt(self, handle: SandboxHandle, startup_seconds: float) -> None:
+        """Count ``handle`` (made by :meth:`create`, maybe long ago for a pool) as started."""
+        self._running.setdefault(handle.id, 0)
+        self.counts["started"] += 1
+        self.metrics.started(startup_seconds)
+        self.log.debug("sandbox.started", sandbox_id=handle.id, seconds=round(startup_seconds, 4))
+
+    async def remove(self, handle: SandboxHandle, *, started: bool = True) -> None:
+        """Remove a sandbox and release its ``live`` slot, even if the removal fails.
+        ``started``: it was handed to a Sandbox (not a pooled one never used).
+
+        Cancellation: call it shielded; it is bounded by ``Timeouts.remove``.
+        """
+        try:
+            async with self.lifecycle.slot(bounded=False):
+                await self.call("remove", handle.remove, timeout=self.timeouts.remove)
+        except Exception as exc:
+            if started:
+                self.counts["remove_failures"] += 1
+            self.log.warning("sandbox.remove.failed", sandbox_id=handle.id, error=repr(exc))
+            raise
+        else:
+            if started:
+                self.counts["removed"] += 1
+            self.log.debug("sandbox.removed", sandbox_id=handle.id)
+        finally:
+            self._running.pop(handle.id, None)
+            self.live.release()
+
+    async def remove_by_id(self, sandbox_id: str) -> None:
+        """Remove a sandbox of any session, by id (``SandboxNotFound`` if it is gone)."""
+        async with self.lifecycle.slot():
+            handle = await self.call(
+                "attach", lambda: self.backend.attach(sandbox_id), timeout=self.timeouts.operation
+            )
+            await self.call("remove", handle.remove, timeout=self.timeouts.remove)
+
+    # -- calls ---------------------------------------------------------------------------
+
+    async def call(
+        self, name: str, make: Callable[[], Awaitable[T]], *, timeout: float | None
+    ) -> T:
+        """An idempotent infrastructure call, with its deadline and retries."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with anyio.move_on_after(timeout if timeout is not None else float("inf")):
+                    return await self.translate(make())
+                assert timeout is not None
+                raise BackendTimeout(name, timeout)
+            except InfrastructureError as exc:
+                await self._before_retry(name, attempt, exc)
+
+    @asynccontextmanager
+    async def slot(self, sandbox_id: str) -> AsyncIterator[None]:
+        """An ``execs`` slot for a command or file transfer in the sandbox ``sandbox_id``.
+
+        Cancellation: a cancelled wait takes no slot.
+        """
+        async with self.execs.slot():
+            self._running[sandbox_id] = self._running.get(sandbox_id, 0) + 1
+            try:
+                yield
+            finally:
+                if sandbox_id in self._running:
+                    self._running[sandbox_id] -= 1
+
+    async def launch(self, name: str, make: Callable[[], Awaitable[T]]) -> T:
+        """A command or file operation in a sandbox (under its :meth:`slot`): retried only
+        when the backend could not launch it (:class:`LaunchError`: it never ran, so
+        running it again is safe)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self.translate(make())
+            except LaunchError as exc:
+                await self._before_retry(name, attempt, exc)
+
+    @asynccontextmanager
+    async def stream(
+        self, context: AbstractAsyncContextManager[AsyncIterator[bytes]]
+    ) -> AsyncIterator[AsyncIterator[bytes]]:
+        """A backend's chunk stream (an archive), its errors translated like any call's."""
+        chunks = await self.translate(context.__aenter__())
+        try:
+            yield _Translated(self, chunks)
+        except BaseException as exc:
+            if not await context.__aexit__(type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            await context.__aexit__(None, None, None)
+
+    async def translate(self, awaitable: Awaitable[T]) -> T:
+        """Await a backend call, turning what escapes the contract into our errors."""
+        try:
+            return await awaitable
+        except (StopAsyncIteration, SandboxError):
+            raise  # the end of a chunk stream; errors of the tree
+        except Exception as exc:
+            self.log.error("backend.unexpected_error", error=repr(exc))
+            raise InfrastructureError(f"the {self.name} backend failed: {exc!r}") from exc
+
+    async def _before_retry(self, name: str, attempt: int, exc: InfrastructureError) -> None:
+        """Re-raise ``exc`` unless the retry policy allows another attempt; then back off."""
+        if not exc.retryable or attempt >= self.retries.attempts:
+            raise exc
+        delay = random.uniform(
+            0, min(self.retries.max_backoff, self.retries.backoff * 2 ** (attempt - 1))
+        )
+        self.log.warning(
+            "backend.retry", operation=name, attempt=attempt, delay=round(delay, 3), error=str(exc)
+        )
+        await anyio.sleep(delay)
+
+    # -- accounting ----------------------------------------------------------------------
+
+    def exec_finished(
+        self, sandbox_id: str | None, result: ExecResult | None, error: BaseException | None
+    ) -> None:
+        """Count a command's end: its result, or the error it ended with."""
+        timed_out = result is not None and result.timed_out
+        key = "timed_out" if timed_out else "failed" if error is not None else "finished"
+        self.counts[key] += 1
+        self.metrics.exec_finished(
+            sandbox=sandbox_id,
+            returncode=None if result is None else result.returncode,
+            duration=None if result is None else result.duration,
+            timed_out=timed_out,
+            infrastructure=isinstance(error, InfrastructureError),
+        )
+        if result is not None and not timed_out and result.returncode in COMMAND_NOT_FOUND:
+            self._warn_not_found(result)
+
+    def _warn_not_found(self, result: ExecResult) -> None:
+        """Warn, once per program, of a command the sandbox could not run: a reward
+        computed from such exit statuses is 0 for every completion, silently."""
+        program = result.argv[0]
+        if program in self._not_found_warned:
+            return
+        self._not_found_warned.add(program)
+        self.log.warning(
+            "sandbox.exec.command_not_found",
+            program=program,
+            returncode=result.returncode,
+            stderr=result.stderr_text.strip()[-300:],
+            hint=(
+                "exit status 127 means a program was not found in the sandbox (126: it "
+                "could not be executed); every command failing this way scores the same. "
+                "Check that the program exists in the sandbox's image (e.g. python3 vs "
+                "python); further commands of this program are not reported again"
+            ),
+        )
+
+    def _slow_capacity_wait(self, limiter: Limiter, waited: float) -> None:
+        """A task has waited ``waited`` seconds for a slot of ``limiter``: say why."""
+        stats = limiter.statistics()
+        cause = _CAPACITY_CAUSES.get(limiter.name, "")
+        if limiter.name == "live":
+            idle = sum(1 for running in self._running.values() if not running)
+            cause = cause.format(idle=idle, live=len(self._running))
+        timeout = self.limits.capacity_timeout
+        self.log.warning(
+            "session.capacity.waiting",
+            limit=limiter.name,
+            active=stats.active,
+            max=stats.limit,
+            waiting=stats.waiting,
+            waited_seconds=round(waited, 1),
+            capacity_timeout=timeout,
+            message=(
+                f"waited {waited:.0f}s for a {limiter.name!r} slot: {stats.active}/{stats.limit} "
+                f"in use, {stats.waiting} waiting"
+                f"{'' if timeout is None else f' (giving up after {timeout:g}s)'}; {cause}"
+            ),
+        )
+
+
+class _Translated:
+    """A backend's chunk iterator whose errors are translated like any backend call."""
+
+    def __init__(self, runtime: Runtime, chunks: AsyncIterator[bytes]) -> None:
+        self._runtime = runtime
+        self._chunks = chunks
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._runtime.translate(anext(self._chunks))
+
+
+_CAPACITY_CAUSES: Mapping[str, str] = {
+    "live": (
+        "likely cause: sandboxes that are never stopped (e.g. `session.sandbox().exec(...)` "
+        "in a reward function called every step) keep their slot until the session closes "
+        "({idle} of the {live} live sandboxes run no command right now). Stop each sandbox "
+        "when its episode ends (`async with session.sandbox()`, `stop()`), use "
+        "`session.run()` for one-off commands, or raise Limits.max_live"
+    ),
+    "execs": (
+        "likely cause: more commands and file transfers at once than Limits.max_execs "
+        "allows; they run as slots free up"
+    ),
+    "lifecycle": (
+        "likely cause: the backend is slow to create or remove sandboxes "
+        "(Limits.max_lifecycle calls at once)"
+    ),
+}
