@@ -40,7 +40,10 @@ from ._models import (
     SandboxStatus as SandboxStatus,
 )
 from ._operations import Operation as Operation, as_completed as as_completed, wait as wait
-from ._registry import available_backends as available_backends
+from ._registry import (
+    available_backends as available_backends,
+    create_backend as create_backend,
+)
 from ._sandbox import ExecStream as ExecStream, Sandbox as Sandbox
 from ._session import Session as Session, SessionStatistics as SessionStatistics
 
@@ -53,6 +56,7 @@ __all__ = (
     "wait",
     "as_completed",
     "available_backends",
+    "create_backend",
     # configuration
     "SandboxDefaults",
     "Resources",

@@ -76,7 +76,7 @@ def _print_infos(infos: list[SandboxInfo], as_json: bool) -> None:
 
 
 async def _cmd_demo(args: argparse.Namespace) -> int:
-    from ._demo import run_demo
+    from .demo import run_demo
 
     return await run_demo(
         args.backend, timeout=args.timeout, backend_options=backend_options(args.backend_option)

@@ -5,6 +5,7 @@ for names that are not built in, so a broken plugin can never break the built-in
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -59,8 +60,12 @@ def resolve_backend(name: str) -> type[Backend]:
     )
 
 
-def create_backend(name: str, options: dict[str, Any] | None = None) -> Backend:
-    """Instantiate the backend ``name`` with keyword ``options``."""
+def create_backend(name: str, options: Mapping[str, Any] | None = None) -> Backend:
+    """A new, not yet entered backend ``name`` (a built-in one or an installed plugin's)
+    made with keyword ``options``, as ``Session(name, backend_options=options)`` makes it.
+
+    Raises :class:`BackendNotFound` (naming what to install) or :class:`InvalidArgument`.
+    """
     cls = resolve_backend(name)
     try:
         return cls(**(options or {}))

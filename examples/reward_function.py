@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import _support
 
 from asyncsandbox import SandboxDefaults
-from asyncsandbox._demo import SEED_PROGRAMS, Outcome, outcome_of, progress_line, summary_lines
+from asyncsandbox.demo import SEED_PROGRAMS, Outcome, outcome_of, progress_line, summary_lines
 from asyncsandbox.sync import SyncSession, wait
 
 EXECUTION_TIMEOUT_SECONDS = 10.0

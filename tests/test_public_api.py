@@ -12,6 +12,7 @@ import asyncsandbox.abc
 import asyncsandbox.compat
 import asyncsandbox.compat.aviato
 import asyncsandbox.compat.cwsandbox
+import asyncsandbox.demo
 import asyncsandbox.sync
 import asyncsandbox.testing
 import asyncsandbox.tools
@@ -22,6 +23,7 @@ PUBLIC_MODULES = [
     asyncsandbox.compat,
     asyncsandbox.compat.cwsandbox,
     asyncsandbox.compat.aviato,
+    asyncsandbox.demo,
     asyncsandbox.sync,
     asyncsandbox.testing,
     asyncsandbox.tools,

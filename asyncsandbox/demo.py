@@ -1,8 +1,9 @@
-"""The main job, as users run it today: score model-written programs in parallel sandboxes
-(the reward-function scenario of the RL guides), printing results as they complete.
+"""The main job, as users run it today (``asyncsandbox demo``): score model-written
+programs in parallel sandboxes (the reward-function scenario of the RL guides), printing
+results as they complete.
 
-The programs, the scoring rule and the report lines are shared with
-``examples/reward_function.py``, which runs the guide's five programs through the blocking
+Public so that examples and tutorials reuse the programs, the scoring rule and the report
+lines: ``examples/reward_function.py`` runs the guide's five programs through the blocking
 facade (:mod:`asyncsandbox.sync`) the way a TRL reward function would."""
 
 from __future__ import annotations
@@ -19,9 +20,23 @@ from ._errors import ExecTimeout, InfrastructureError
 from ._models import ExecResult
 from ._session import Session
 
+__all__ = (
+    "Program",
+    "PROGRAMS",
+    "SEED_PROGRAMS",
+    "Outcome",
+    "outcome_of",
+    "score",
+    "progress_line",
+    "summary_lines",
+    "run_demo",
+)
+
 
 @dataclass(frozen=True)
 class Program:
+    """A model-written program and what it should do."""
+
     name: str
     code: str
     expected: str  # "pass", "fail" or "timeout"
@@ -45,6 +60,8 @@ SEED_PROGRAMS = PROGRAMS[:5]
 
 @dataclass
 class Outcome:
+    """What happened to one program, and so its reward."""
+
     index: int
     program: Program
     status: str  # "pass", "fail", "timeout" or "error"
@@ -53,10 +70,12 @@ class Outcome:
 
     @property
     def reward(self) -> float:
+        """1.0 for a pass, else 0.0."""
         return 1.0 if self.status == "pass" else 0.0
 
     @property
     def as_expected(self) -> bool:
+        """Whether the program ended as the demo expects it to."""
         return self.status == self.program.expected
 
 
