@@ -179,6 +179,29 @@ async def test_a_slow_reader_is_not_a_stalled_executor() -> None:
         assert (await sb.exec(["true"])).returncode == 0
 
 
+def test_prints_nothing_until_logging_is_configured() -> None:
+    """A program using the Docker backend writes its own output only: the backend's debug
+    events (``docker.connected`` on every Session) were printed on stdout."""
+    program = textwrap.dedent(
+        """
+        import sys, anyio
+        from asyncsandbox import Session
+        from asyncsandbox_docker import DockerBackend
+        async def main():
+            async with Session(DockerBackend(default_image=sys.argv[1]), sweep=False) as s:
+                result = await s.run(["echo", "only this"])
+            sys.stdout.buffer.write(result.stdout)
+        anyio.run(main)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program, IMAGE], capture_output=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout == b"only this\n"
+    assert done.stderr == b""
+
+
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_refuses_trio_with_a_clear_error() -> None:
     with pytest.raises(InvalidArgument, match=r"does not run on trio.*asyncio.*'process'"):

@@ -9,6 +9,7 @@ import pytest
 
 import asyncsandbox
 import asyncsandbox.abc
+import asyncsandbox.log
 import asyncsandbox.sync
 import asyncsandbox.testing
 import asyncsandbox.tools
@@ -16,6 +17,7 @@ import asyncsandbox.tools
 PUBLIC_MODULES = [
     asyncsandbox,
     asyncsandbox.abc,
+    asyncsandbox.log,
     asyncsandbox.sync,
     asyncsandbox.testing,
     asyncsandbox.tools,

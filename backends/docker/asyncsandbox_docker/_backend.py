@@ -17,7 +17,6 @@ from typing import Any, Literal, Self
 import aiohttp
 import anyio
 import anyio.abc
-import structlog
 from anyio import TypedAttributeSet, typed_attribute
 
 from asyncsandbox import (
@@ -42,12 +41,15 @@ from asyncsandbox.abc import (
     ShellFiles,
     ShellProcess,
 )
+from asyncsandbox.log import get_logger
 
 from . import _tar
 from ._engine import Engine
 from ._executor import Executor, ShellJob
 
 __all__ = ("DockerAttributes", "DockerBackend")
+
+log = get_logger("asyncsandbox.docker")
 
 AGENT = files(__package__).joinpath("_agent.py").read_text()
 OWNER_LABEL = "asyncsandbox.owner"
@@ -70,10 +72,6 @@ _STATES = {
 _ROOT_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP"]
 # Otherwise root (the agent, the idle main process) needs only to manage the user's processes.
 _AGENT_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
-
-
-def log() -> Any:
-    return structlog.get_logger("asyncsandbox.docker")
 
 
 class DockerAttributes(TypedAttributeSet):
@@ -153,7 +151,7 @@ class DockerBackend(Backend):
 
     async def __aenter__(self) -> Self:
         info = await self.engine.open()
-        log().debug(
+        log.debug(
             "docker.connected",
             version=info.get("ServerVersion"),
             host=self.engine.docker.docker_host,
@@ -190,7 +188,7 @@ class DockerBackend(Backend):
                             self._oom_seen.set()
                             self._oom_seen = anyio.Event()
             except (SandboxError, aiohttp.ClientError, OSError, ValueError) as exc:
-                log().debug("docker.events.reconnect", error=repr(exc))
+                log.debug("docker.events.reconnect", error=repr(exc))
             await anyio.sleep(1.0)
 
     async def _oom_after(self, name: str, before: int) -> bool:
@@ -215,7 +213,7 @@ class DockerBackend(Backend):
         name, _, tag = (
             image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
         )
-        log().info("docker.image.pull", image=image)
+        log.info("docker.image.pull", image=image)
         try:
             async with self.engine.raw(
                 "POST",
@@ -229,7 +227,7 @@ class DockerBackend(Backend):
                     event = json.loads(line)
                     if "error" in event:
                         raise _pull_error(image, str(event["error"]))
-                    log().debug(
+                    log.debug(
                         "docker.image.pull.progress",
                         image=image,
                         status=event.get("status"),
@@ -239,7 +237,7 @@ class DockerBackend(Backend):
             if isinstance(exc, InvalidArgument):
                 raise
             raise _pull_error(image, str(exc)) from exc
-        log().info("docker.image.pulled", image=image)
+        log.info("docker.image.pulled", image=image)
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         image = spec.image or self.default_image
@@ -354,7 +352,7 @@ class DockerBackend(Backend):
         except SandboxError as exc:
             if "already in progress" in str(exc):
                 return True
-            log().warning("docker.remove.failed", sandbox_id=name, error=str(exc))
+            log.warning("docker.remove.failed", sandbox_id=name, error=str(exc))
             return False
         return True
 
@@ -593,9 +591,7 @@ class DockerSandbox(ShellFiles, SandboxHandle):
                 await stream.close()
                 if not await self._kill(token):
                     self._lost = SandboxDied(self._name, "lost: a command could not be killed")
-                    log().warning(
-                        "docker.sandbox.lost", sandbox_id=self._name, reason="kill failed"
-                    )
+                    log.warning("docker.sandbox.lost", sandbox_id=self._name, reason="kill failed")
             raise
         finally:
             with anyio.CancelScope(shield=True):
@@ -645,7 +641,7 @@ class DockerSandbox(ShellFiles, SandboxHandle):
                     "GET", f"exec/{exec_id}/json", sandbox_id=self._name
                 )
                 if result.get("ExitCode") != 0:
-                    log().warning(
+                    log.warning(
                         "docker.kill.failed",
                         sandbox_id=self._name,
                         exit_code=result.get("ExitCode"),
@@ -654,7 +650,7 @@ class DockerSandbox(ShellFiles, SandboxHandle):
             except SandboxDied:
                 return True  # the container is gone, and every process with it
             except (SandboxError, aiohttp.ClientError, OSError, RuntimeError) as exc:
-                log().warning("docker.kill.failed", sandbox_id=self._name, error=repr(exc))
+                log.warning("docker.kill.failed", sandbox_id=self._name, error=repr(exc))
                 return False
         return False
 
@@ -805,7 +801,7 @@ class DockerSandbox(ShellFiles, SandboxHandle):
             await self._executor.aclose()
         if self._lost is not None:
             # It stopped answering: another call would hang too. The sweep will retry.
-            log().warning(
+            log.warning(
                 "docker.sandbox.left_for_sweep", sandbox_id=self._name, reason=self._lost.reason
             )
             return

@@ -20,12 +20,12 @@ from typing import Any
 import aiohttp
 import anyio
 import anyio.abc
-import structlog
 from aiodocker.stream import Stream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from asyncsandbox import BackendUnavailable, SandboxDied, SandboxError
 from asyncsandbox.abc import ExitStatus, OutputCallback
+from asyncsandbox.log import get_logger
 
 from ._engine import Engine
 
@@ -38,9 +38,7 @@ CHUNK = 256 * 1024
 
 _KILLED = {"returncode": 137, "signal": 9, "oom": False}
 
-
-def log() -> Any:
-    return structlog.get_logger("asyncsandbox.docker")
+log = get_logger("asyncsandbox.docker")
 
 
 class Job:
@@ -245,7 +243,7 @@ class Executor:
         """Give up on an executor that stopped answering: fail every job waiting on it (the
         sandbox's commands take the Engine API path from now on) and say why."""
         self._give_up(f"the executor sent nothing for {self._engine.call_deadline:g}s")
-        log().warning("docker.executor.stalled", sandbox_id=self._sandbox_id)
+        log.warning("docker.executor.stalled", sandbox_id=self._sandbox_id)
         return await self._engine._diagnose("a file operation", self._sandbox_id)
 
     async def _send(self, kind: int, job_id: int, payload: bytes = b"") -> None:

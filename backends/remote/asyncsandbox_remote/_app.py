@@ -60,17 +60,17 @@ from asyncsandbox import (
     Session,
 )
 from asyncsandbox.abc import Backend
+from asyncsandbox.log import get_logger
 
 from . import _wire as w
 from ._config import ServerConfig, Tenant
-from ._log import get_logger
 from ._metrics import Metrics
 from ._openapi import OPERATIONS, openapi
 from ._served import ServedAttributes, ServedBackend
 
 __all__ = ("create_app",)
 
-log = get_logger()
+log = get_logger("asyncsandbox.remote")
 
 T = TypeVar("T")
 

@@ -46,9 +46,9 @@ from asyncsandbox.abc import (
     SandboxHandle,
     SandboxSpec,
 )
+from asyncsandbox.log import get_logger
 
 from . import _wire as w
-from ._log import get_logger
 
 __all__ = ("RemoteAttributes", "RemoteBackend")
 
@@ -58,7 +58,7 @@ CLEANUP_DEADLINE = 10.0
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 JSON_HEADERS = {"content-type": "application/json"}
 
-log = get_logger()
+log = get_logger("asyncsandbox.remote")
 
 
 class RemoteAttributes(TypedAttributeSet):
