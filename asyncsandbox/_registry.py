@@ -5,7 +5,6 @@ for names that are not built in, so a broken plugin can never break the built-in
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import entry_points
 from typing import Any
 
 from ._errors import BackendNotFound, InvalidArgument
@@ -47,6 +46,8 @@ def resolve_backend(name: str) -> type[Backend]:
     if name in _BUILTIN:
         target, install = _BUILTIN[name]
         return _load(target, name, install)
+    from importlib.metadata import entry_points  # not at import: it costs ~20 ms
+
     for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
         cls = ep.load()
         if isinstance(cls, type) and issubclass(cls, Backend):
@@ -70,4 +71,6 @@ def create_backend(name: str, options: dict[str, Any] | None = None) -> Backend:
 
 def available_backends() -> set[str]:
     """Names that resolve: the built-in ones and installed plugins (not checked for import)."""
+    from importlib.metadata import entry_points
+
     return set(_BUILTIN) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
