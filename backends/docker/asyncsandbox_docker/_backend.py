@@ -318,7 +318,7 @@ class DockerBackend(Backend):
                 await self._put(name, "/", dirs)
             await self.engine.call("POST", f"containers/{name}/start", sandbox_id=name)
             if executor is not None and not await executor.wait_ready():
-                raise _executor_error(image, executor.failure)
+                raise _executor_error(image, await self._executor_failure(name, executor))
         except BaseException:
             # Shielded: a failed or cancelled create must not leave a container behind.
             with anyio.CancelScope(shield=True):
@@ -327,6 +327,21 @@ class DockerBackend(Backend):
                 await self._force_remove(name)
             raise
         return DockerSandbox(self, name, image, spec.labels, executor)
+
+    async def _executor_failure(self, name: str, executor: Executor) -> str | None:
+        """Why the executor of container ``name`` did not start. Its stderr says why, but
+        Docker 20.10's attach may lose the last output of a container that exits at once:
+        then Docker's init's exit status (127: it found no ``python3`` to run) says it."""
+        failure = executor.failure
+        if failure not in (None, "the executor exited"):
+            return failure
+        try:
+            state = (await self.engine.call("GET", f"containers/{name}/json"))["State"]
+        except (SandboxError, KeyError):
+            return failure
+        if not state.get("Running") and state.get("ExitCode") == 127:
+            return "exec python3 failed: not found (the container's init exited 127)"
+        return failure
 
     async def _put(self, name: str, path: str, body: bytes | AsyncIterable[bytes]) -> None:
         if isinstance(body, bytes):
