@@ -4,13 +4,14 @@ backend says so (see test_refuses_trio_with_a_clear_error)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import anyio
@@ -22,6 +23,7 @@ from asyncsandbox import (
     ExecTimeout,
     InfrastructureError,
     InvalidArgument,
+    LaunchError,
     Resources,
     SandboxDefaults,
     SandboxDied,
@@ -29,7 +31,7 @@ from asyncsandbox import (
 )
 from asyncsandbox.testing import CHECKS, Check
 
-from .conftest import docker_problem, docker_test_image
+from .conftest import docker_pids_squeezed, docker_problem, docker_test_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_engine")]
 IMAGE = docker_test_image()
@@ -112,6 +114,71 @@ async def test_signals_are_reported_on_the_fast_path() -> None:
         exited = await sb.exec(["sh", "-c", "exit 137"])
     assert (killed.returncode, killed.signal) == (137, 9)
     assert (exited.returncode, exited.signal) == (137, None)
+
+
+# -- launcher failures are infrastructure errors (issue 18) -----------------------------------
+
+
+async def launch_error(call: Awaitable[object]) -> LaunchError:
+    """The LaunchError that ``call`` raises (the test fails with what it gave instead)."""
+    try:
+        result = await call
+    except LaunchError as exc:
+        return exc
+    pytest.fail(f"a command that could not start gave a result: {result}")
+
+
+@pytest.mark.parametrize(
+    ("fast_path", "room"),
+    [(True, 0), (True, 1), (False, 0)],
+    ids=["executor-cannot-fork-a-shepherd", "shepherd-cannot-fork-the-command", "engine-api"],
+)
+async def test_a_command_that_cannot_be_launched_raises_launch_error(
+    fast_path: bool, room: int
+) -> None:
+    """When our side cannot start a command (here every fork in the container fails), exec
+    raises LaunchError, retryable: the command never ran. It returned exit status 137 (the
+    shepherd died before the command: "killed"), or 1 (the Engine API shepherd's
+    traceback), or hung 10 s and declared the sandbox lost. The sandbox works again once
+    forks do."""
+    tag = unique()
+    defaults = SandboxDefaults(tags=(tag,))
+    async with (
+        Session(backend(fast_path=fast_path), defaults=defaults, sweep=False) as s,
+        s.sandbox() as sb,
+    ):
+        assert (await sb.exec(["true"])).returncode == 0
+        container = sb.extra(DockerAttributes.container_id)
+        async with docker_pids_squeezed(container, room=room):
+            for stdin in (None, b"some input"):
+                error = await launch_error(sb.exec(["echo", "never"], stdin=stdin, timeout=60))
+                assert error.retryable
+                # On the Engine API path, Docker itself may fail to start the shepherd, or the
+                # shepherd its stdin thread.
+                expected = "Resource temporarily unavailable|can't start new thread|OCI runtime"
+                assert re.search(expected, str(error)), error
+        again = await sb.exec(["echo", "launched again"], timeout=60)
+        assert again.stdout == b"launched again\n"
+        assert s.statistics().execs_failed == 2
+    assert containers(f"asyncsandbox.tag.{tag}") == []
+
+
+async def test_engine_api_results_cannot_be_forged_into_errors() -> None:
+    """On the Engine API path, output that looks like Docker's own start failures and the
+    launcher's exit status are a command's own outcome, not an infrastructure error (they
+    were taken for a dead sandbox, and for an image without python3)."""
+    async with (
+        Session(backend(fast_path=False), sweep=False) as s,
+        s.sandbox() as sb,
+    ):
+        for code, text in (
+            (126, "OCI runtime exec failed: exec failed: unable to start container process"),
+            (127, 'exec: "python3": executable file not found in $PATH'),
+            (125, "a command may exit 125 too"),
+        ):
+            result = await sb.exec(["sh", "-c", f"echo '{text}'; exit {code}"])
+            assert (result.returncode, result.stdout) == (code, text.encode() + b"\n")
+        assert (await sb.exec(["echo", "alive"])).stdout == b"alive\n"
 
 
 def executor_fds(container_id: str) -> tuple[int, float]:

@@ -23,6 +23,7 @@ from asyncsandbox import (
     BackendUnavailable,
     FileErrorReason,
     InvalidArgument,
+    LaunchError,
     SandboxDied,
     SandboxError,
     SandboxFileError,
@@ -59,6 +60,11 @@ OOM_EVENT_GRACE = 0.5
 FOREVER = "2147483647"  # seconds; `sleep infinity` is not universal
 MODE_DIR = 1 << 31  # Go's os.ModeDir, as in X-Docker-Container-Path-Stat
 MODE_SYMLINK = 1 << 27
+# The Engine API path's shepherd (``_agent.py run``): where it records a command it could not
+# start, and the exit status that says to look there.
+RUN_DIR = "/run/asyncsandbox"
+LAUNCH_FAILED = 125
+MAX_FAILURE_ARCHIVE = 64 * 1024
 _STATES = {
     "created": SandboxStatus.CREATING,
     "running": SandboxStatus.RUNNING,
@@ -618,17 +624,24 @@ class DockerSandbox(ShellFiles, SandboxHandle):
         code = result.get("ExitCode")
         if code is None or result.get("Running"):
             raise await self._died(SandboxDied(self._name, "the command's exit status was lost"))
-        if (
-            code in (126, 127)
-            and first is not None
-            and b'"python3": executable file not found' in first
-        ):
-            raise InvalidArgument(
-                f"image {self._image!r} has no python3, which the docker backend needs in the "
-                "image to control process trees"
-            )
-        if code == 126 and first is not None and b"OCI runtime exec failed" in first:
-            raise await self._died(SandboxDied(self._name, first.decode(errors="replace").strip()))
+        if not result.get("Pid"):
+            # Docker could not start our shepherd at all: no process ever ran, so the output
+            # is Docker's own (a command printing the same text cannot get here).
+            said = (first or b"").decode(errors="replace").strip()
+            if '"python3": executable file not found' in said:
+                raise InvalidArgument(
+                    f"image {self._image!r} has no python3, which the docker backend needs in "
+                    "the image to control process trees"
+                )
+            probe = SandboxDied(self._name, said)
+            died = await self._died(probe)
+            if died is not probe:
+                raise died  # it could not start because the container is gone
+            raise LaunchError(f"sandbox {self._name}: Docker could not start the command: {said}")
+        if code == LAUNCH_FAILED:
+            failure = await self._launch_failure(token)
+            if failure is not None:
+                raise failure
         oom = code == 137 and await backend._oom_after(self._name, oom_before)
         if code >= 128 and not oom:
             # Killed by a signal: maybe with its whole container (`docker kill`, a daemon
@@ -638,6 +651,40 @@ class DockerSandbox(ShellFiles, SandboxHandle):
             if died is not probe:
                 raise died
         return ExitStatus(returncode=int(code), oom_killed=oom)
+
+    async def _launch_failure(self, token: str) -> LaunchError | None:
+        """Why the shepherd run under ``token`` could not start its command, if it could not
+        (it exited LAUNCH_FAILED and wrote ``RUN_DIR/TOKEN.failed``; a command exiting with
+        that status is not one). Only root writes there: the record is read from the
+        container's filesystem by the daemon, and trusted only if root owns it."""
+        path = f"{RUN_DIR}/{token}.failed"
+        try:
+            async with self._engine.raw(
+                "GET",
+                f"containers/{self._name}/archive",
+                params={"path": path},
+                sandbox_id=self._name,
+                file_path=path,
+            ) as response:
+                archive = await response.content.read(MAX_FAILURE_ARCHIVE)
+        except SandboxFileError:
+            return None  # no record: the command's own exit status
+        except SandboxError as exc:
+            raise await self._died(exc) from exc
+        try:
+            with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+                member = tar.next()
+                data = tar.extractfile(member) if member is not None else None
+                if member is None or data is None or member.uid != 0:
+                    return None
+                record = data.read()
+        except tarfile.TarError:
+            return None
+        message = record[1:].decode(errors="replace")
+        return LaunchError(
+            f"sandbox {self._name}: the command could not be started: {message}",
+            retryable=record[:1] == b"1",
+        )
 
     async def _kill(self, token: str) -> bool:
         """Kill the command run under ``token`` (and its whole tree). True once confirmed."""

@@ -23,7 +23,13 @@ import anyio.abc
 from aiodocker.stream import Stream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from asyncsandbox import BackendUnavailable, SandboxDied, SandboxError
+from asyncsandbox import (
+    BackendUnavailable,
+    InfrastructureError,
+    LaunchError,
+    SandboxDied,
+    SandboxError,
+)
 from asyncsandbox.abc import ExitStatus, OutputCallback
 from asyncsandbox.log import get_logger
 
@@ -37,8 +43,42 @@ KILL_DEADLINE = 10.0
 CHUNK = 256 * 1024
 
 _KILLED = {"returncode": 137, "signal": 9, "oom": False}
+SIGKILL = 9
 
 log = get_logger("asyncsandbox.docker")
+
+
+def _status(payload: bytes) -> dict[str, Any]:
+    """A job's end as the executor reported it: the command's exit status (``returncode``,
+    ``signal``, ``oom``), or ``launch_error`` (it never ran), or ``lost`` (its shepherd died
+    without a word: how)."""
+    try:
+        status = json.loads(payload)
+    except ValueError:
+        status = None
+    if not isinstance(status, dict):
+        return {"lost": f"sent an unreadable status {payload[:200]!r}"}
+    if status.get("lost") is not None and status.get("signal") == SIGKILL:
+        # SIGKILLed: by the OOM killer (the command's tree exhausted its memory) or by a
+        # command running as root. The command's tree died with it: as before, that is
+        # the command's outcome (the host asks Docker about an OOM kill).
+        return dict(_KILLED)
+    return status
+
+
+def _no_exit_status(sandbox_id: str, status: dict[str, Any]) -> SandboxError:
+    """The error for a job that ended without the command's exit status."""
+    if "launch_error" in status:
+        return LaunchError(
+            f"sandbox {sandbox_id}: the command could not be started: {status['launch_error']}",
+            retryable=bool(status.get("retryable")),
+        )
+    # Only a crash of our own shepherd gets here (it reports every failure it can catch).
+    return InfrastructureError(
+        f"sandbox {sandbox_id}: the command's exit status was lost: its shepherd "
+        f"{status.get('lost', 'ended')} without reporting it",
+        retryable=False,
+    )
 
 
 class Job:
@@ -71,16 +111,13 @@ class Job:
             kind, payload = await self._frames.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise self._executor.broken() from None
-        if kind == EXIT:
-            try:
-                self.status = json.loads(payload) if payload else dict(_KILLED)
-            except ValueError:
-                self.status = dict(_KILLED)
+        if kind in (EXIT, FAILED):
+            # FAILED: the executor could not fork the command's shepherd. Either way the job
+            # is over (nothing to kill); a command that never ran has no exit status.
+            self.status = _status(payload)
+            if "returncode" not in self.status:
+                raise _no_exit_status(self._executor._sandbox_id, self.status)
             raise StopAsyncIteration
-        if kind == FAILED:
-            raise BackendUnavailable(
-                f"the sandbox's executor could not start the command: {payload.decode()}"
-            )
         return kind, payload
 
     async def wait(self) -> dict[str, Any]:
