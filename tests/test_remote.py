@@ -37,6 +37,7 @@ from asyncsandbox_remote._openapi import openapi
 from asyncsandbox import (
     BackendUnavailable,
     InvalidArgument,
+    LaunchError,
     SandboxDied,
     Session,
 )
@@ -263,6 +264,46 @@ async def test_unreachable_server_is_backend_unavailable() -> None:
             pass
     assert info.value.retryable
     assert not (info.value.__cause__ is None)  # chained, never an httpx error
+
+
+async def test_a_command_that_cannot_be_started_crosses_the_wire_as_launch_error(
+    server_dir: Path,
+) -> None:
+    """The served backend could not start the command (a fake one whose next three
+    commands fail to launch): the client raises LaunchError, retryable, through the exec
+    stream and its error frame; the unary endpoint answers 502 ``launch_error``. It was a
+    generic InfrastructureError (``infrastructure_error``), its type and retryability lost."""
+    server = Server(
+        server_dir / ("fake-" + uuid.uuid4().hex[:6]),
+        "--backend-option",
+        "launch_failures=3",
+        backend="fake",
+    )
+    try:
+        async with Session(RemoteBackend(server.url, ALICE), sweep=False) as s, s.sandbox() as sb:
+            with pytest.raises(LaunchError, match="scripted launch failure") as info:
+                await sb.exec(["echo", "never"])
+            assert info.value.retryable
+            with pytest.raises(LaunchError):
+                async with sb.exec_stream(["echo", "never"]) as run:
+                    await run.wait()
+            assert sb.id is not None
+            with server.client() as client:
+                answer = await anyio.to_thread.run_sync(
+                    functools.partial(
+                        client.post, f"/v1/sandboxes/{sb.id}/exec", json={"argv": ["true"]}
+                    )
+                )
+            assert answer.status_code == 502, answer.text
+            error = answer.json()["error"]
+            assert (error["code"], error["retryable"], error["sandbox_id"]) == (
+                "launch_error",
+                True,
+                sb.id,
+            )
+            assert (await sb.exec(["echo", "started"])).stdout == b"started\n"
+    finally:
+        server.stop()
 
 
 async def test_tls(make_server: Callable[..., Server], tmp_path: Path) -> None:
