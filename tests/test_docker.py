@@ -12,6 +12,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Awaitable, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import anyio
@@ -25,6 +26,7 @@ from asyncsandbox import (
     InvalidArgument,
     LaunchError,
     Resources,
+    Sandbox,
     SandboxDefaults,
     SandboxDied,
     Session,
@@ -76,10 +78,15 @@ def unique() -> str:
     return "test-" + uuid.uuid4().hex[:8]
 
 
+def squeeze_pids(sandbox: Sandbox) -> AbstractAsyncContextManager[None]:
+    """The launch_failure hook: no fork succeeds in the container (tests/conftest.py)."""
+    return docker_pids_squeezed(sandbox.extra(DockerAttributes.container_id))
+
+
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
 @pytest.mark.parametrize("fast_path", [True, False], ids=["executor", "engine-api"])
 async def test_conformance(check: Check, fast_path: bool) -> None:
-    await check.run(lambda: backend(fast_path=fast_path))
+    await check.run(lambda: backend(fast_path=fast_path), launch_failure=squeeze_pids)
 
 
 async def test_commands_cannot_touch_the_executor() -> None:

@@ -22,6 +22,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -38,6 +39,7 @@ from asyncsandbox import (
     BackendUnavailable,
     InvalidArgument,
     LaunchError,
+    Sandbox,
     SandboxDied,
     Session,
 )
@@ -45,7 +47,7 @@ from asyncsandbox._process._backend import default_root
 from asyncsandbox.abc import Backend
 from asyncsandbox.testing import CHECKS, Check
 
-from .conftest import docker_problem, docker_test_image
+from .conftest import docker_pids_squeezed, docker_problem, docker_test_image
 
 ALICE = "alice-" + secrets.token_hex(16)
 BOB = "bob-" + secrets.token_hex(16)
@@ -220,7 +222,19 @@ def _grows(client: httpx.Client, sandbox_id: str, path: str) -> bool:
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
 async def test_conformance_process(process_server: Server, check: Check) -> None:
+    if check.name == "launch_failure":
+        # The served backend's own hook makes its launcher fail; the process backend's is
+        # being written with its new launcher (issue 18). Over the wire: the docker and
+        # fake servers below.
+        pytest.skip("no way yet to make the process backend's launcher fail (issue 18)")
     await check.run(process_server.backend())
+
+
+def squeeze_served_container(sandbox: Sandbox) -> AbstractAsyncContextManager[None]:
+    """The launch_failure hook through a Docker server: the remote sandbox's id is the
+    container's name (the server's own hook, see tests/conftest.py)."""
+    assert sandbox.id is not None
+    return docker_pids_squeezed(sandbox.id)
 
 
 @pytest.mark.docker
@@ -228,7 +242,7 @@ async def test_conformance_process(process_server: Server, check: Check) -> None
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
 async def test_conformance_docker(docker_server: Server, check: Check) -> None:
     # The server's backend is asyncio-only; the client runs on asyncio and trio alike.
-    await check.run(docker_server.backend())
+    await check.run(docker_server.backend(), launch_failure=squeeze_served_container)
 
 
 async def test_session_by_name_and_environment(

@@ -360,7 +360,7 @@ class FakeBackend(Backend):
         :class:`BackendUnavailable` (to exercise retries).
     :param launch_failures: how many of the first commands fail to launch: ``exec`` raises a
         retryable :class:`~asyncsandbox.LaunchError` and the command never runs (to exercise
-        how infrastructure errors are masked).
+        how infrastructure errors are masked). See also :meth:`break_launcher`.
     :param commands: extra commands by program name, overriding the built-in ones.
     :param async_libraries: async libraries to declare (default: asyncio and trio).
     :param world: share sandboxes with other FakeBackends (default: a world of its own).
@@ -409,6 +409,14 @@ class FakeBackend(Backend):
         """Make a sandbox die (its commands fail with :class:`SandboxDied`)."""
         self.sandboxes[sandbox_id].dead = reason
 
+    def break_launcher(
+        self, sandbox_id: str, reason: str | None = "the launcher cannot start commands"
+    ) -> None:
+        """Make every command of a sandbox fail to launch (``exec`` raises a retryable
+        :class:`~asyncsandbox.LaunchError`; the command never runs) until called again with
+        ``reason=None``. The sandbox itself stays alive."""
+        self.sandboxes[sandbox_id].launch_failure = reason
+
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         if self.create_delay:
             await anyio.sleep(self.create_delay)
@@ -445,6 +453,7 @@ class _FakeSandbox(SandboxHandle):
         self.spec = spec
         self.fs = _FakeFS(spec.workdir)
         self.dead: str | None = None
+        self.launch_failure: str | None = None
         self.created_at = time.time()
         self._trees: set[anyio.CancelScope] = set()
 
@@ -480,9 +489,12 @@ class _FakeSandbox(SandboxHandle):
         self._check()
         if self._backend.exec_delay:
             await anyio.sleep(self._backend.exec_delay)
-        if self._backend.launch_failures > 0:
-            self._backend.launch_failures -= 1
-            raise LaunchError(f"fake: sandbox {self._id}: scripted launch failure", retryable=True)
+        backend = self._backend
+        if self.launch_failure is not None or backend.launch_failures > 0:
+            if self.launch_failure is None:
+                backend.launch_failures -= 1
+            reason = self.launch_failure or "scripted launch failure"
+            raise LaunchError(f"fake: sandbox {self._id}: {reason}", retryable=True)
         if not self.fs.is_dir(cwd):
             await on_output("stderr", f"cannot change to directory {cwd}\n".encode())
             return ExitStatus(returncode=126)
