@@ -47,7 +47,7 @@ from asyncsandbox._process._backend import default_root
 from asyncsandbox.abc import Backend
 from asyncsandbox.testing import CHECKS, Check
 
-from .conftest import docker_pids_squeezed, docker_problem, docker_test_image
+from .conftest import docker_pids_squeezed, docker_test_image, require_docker
 
 ALICE = "alice-" + secrets.token_hex(16)
 BOB = "bob-" + secrets.token_hex(16)
@@ -171,11 +171,7 @@ def make_server(server_dir: Path) -> Iterator[Callable[..., Server]]:
 @pytest.fixture(scope="module")
 def docker_server(server_dir: Path) -> Iterator[Server]:
     """A server on the Docker backend (skipped without an engine, like docker_engine)."""
-    problem = docker_problem()
-    if problem is not None:
-        if os.environ.get("ASYNCSANDBOX_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"Docker is required (ASYNCSANDBOX_REQUIRE_DOCKER=1): {problem}")
-        pytest.skip(problem)
+    require_docker()
     server = Server(
         server_dir / "docker",
         "--backend-option",
