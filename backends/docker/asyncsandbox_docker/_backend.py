@@ -529,7 +529,12 @@ class DockerSandbox(ShellFiles, SandboxHandle):
                 self._lost = exc
                 raise
             except BackendUnavailable as exc:
-                raise await self._died(exc) from exc
+                # Shielded (each call it makes has a deadline): the exec may be cancelled
+                # (its timeout), and a cancelled diagnosis would let the cancellation pass
+                # this failure off as a timeout, the command's own outcome.
+                with anyio.CancelScope(shield=True):
+                    died = await self._died(exc)
+                raise died from exc
             if status.signal == 9 and not oom:  # the executor could not read the cgroup
                 oom = await self._backend._oom_after(self._name, oom_before)
             return ExitStatus(returncode=status.returncode, signal=status.signal, oom_killed=oom)
@@ -606,13 +611,18 @@ class DockerSandbox(ShellFiles, SandboxHandle):
                 raise await self._engine._diagnose("exec start", self._name) from None
             except (aiohttp.ClientError, OSError, RuntimeError) as exc:
                 raise BackendUnavailable(f"the exec stream broke: {exc}", retryable=False) from exc
-        except BaseException:
+        except BaseException as exc:
             # Shielded and bounded: the command's whole tree must die before we re-raise.
             with anyio.CancelScope(shield=True):
                 await stream.close()
-                if not await self._kill(token):
-                    self._lost = SandboxDied(self._name, "lost: a command could not be killed")
-                    log.warning("docker.sandbox.lost", sandbox_id=self._name, reason="kill failed")
+                killed = await self._kill(token)
+            if not killed:
+                self._lost = SandboxDied(self._name, "lost: a command could not be killed")
+                log.warning("docker.sandbox.lost", sandbox_id=self._name, reason="kill failed")
+                if isinstance(exc, anyio.get_cancelled_exc_class()):
+                    # Not the cancellation: it would pass the command off as killed (and its
+                    # timeout as its own outcome), while it may still run.
+                    raise self._lost from None
             raise
         finally:
             with anyio.CancelScope(shield=True):

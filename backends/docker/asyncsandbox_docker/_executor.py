@@ -319,12 +319,16 @@ class Executor:
         send, receive = anyio.create_memory_object_stream[tuple[int, bytes]](64)
         self._jobs[job_id] = send
         job = Job(self, job_id, receive)
-        sent = False
+        sent = cancelled = False
         try:
             spec = {"argv": list(argv), "cwd": cwd, "env": dict(env), "stdin": stdin}
             await self._send(START, job_id, json.dumps(spec).encode())
             sent = True
-            yield job
+            try:
+                yield job
+            except anyio.get_cancelled_exc_class():
+                cancelled = True
+                raise
         finally:
             try:
                 # Not sent (cancelled while waiting to write): the executor never heard of
@@ -343,7 +347,13 @@ class Executor:
                         raise SandboxDied(
                             self._sandbox_id, "lost: the executor did not kill a command"
                         )
-            finally:  # also when raising SandboxDied: the job's channels must not leak
+                if sent and job.status is None and cancelled:
+                    # Cancelled (the command's timeout, or the caller) and the executor no
+                    # longer answers: the command's end is unknown, and letting the
+                    # cancellation through would pass it off as killed (a timeout would be
+                    # scored as the command's). Say what happened instead.
+                    raise self.broken()
+            finally:  # also when raising: the job's channels must not leak
                 del self._jobs[job_id]
                 send.close()
                 receive.close()
