@@ -316,6 +316,28 @@ async def test_a_command_that_cannot_be_started_crosses_the_wire_as_launch_error
         server.stop()
 
 
+async def test_a_kill_the_server_does_not_confirm_is_never_a_timeout(
+    make_server: Callable[..., Server],
+) -> None:
+    """The command's timeout expires while the server does not answer (it is frozen with
+    SIGSTOP): whether the command was killed is unknown, so the client raises
+    BackendUnavailable. It reported ExecTimeout, the command's own outcome ("it ran too
+    long and was killed"), which a trainer scores."""
+    server = make_server()
+    async with Session(RemoteBackend(server.url, ALICE), sweep=False) as s, s.sandbox() as sb:
+        async with sb.exec_stream(["sh", "-c", "echo up; exec sleep 600"], timeout=2) as run:
+            async for chunk in run:
+                assert chunk.data == b"up\n"
+                break
+            server.process.send_signal(signal.SIGSTOP)
+            try:
+                with pytest.raises(BackendUnavailable, match="did not confirm"):
+                    await run.wait()
+            finally:
+                server.process.send_signal(signal.SIGCONT)
+        assert (await sb.exec(["echo", "answering again"])).stdout == b"answering again\n"
+
+
 async def test_tls(make_server: Callable[..., Server], tmp_path: Path) -> None:
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")

@@ -627,7 +627,7 @@ class RemoteSandbox(SandboxHandle):
             w.ExecRequest(argv=list(argv), cwd=cwd, env=dict(env), stdin=stdin, exec_id=exec_id)
         )
         status: ExitStatus | None = None
-        refused = False
+        refused = cancelled = False
         try:
             async with api.stream(
                 "POST",
@@ -641,10 +641,14 @@ class RemoteSandbox(SandboxHandle):
         except SandboxError as exc:
             refused = status is None and not isinstance(exc, BackendUnavailable)
             raise _died(exc) from exc.__cause__
+        except anyio.get_cancelled_exc_class():
+            cancelled = True
+            raise
         finally:
             if status is None and not refused:
                 # Cancelled (or the link broke) while the command may run: kill it by id and
                 # wait until the server says its process tree is gone (shielded, bounded).
+                unconfirmed: str | None = "no answer"
                 with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE):
                     try:
                         await api.call(
@@ -654,8 +658,20 @@ class RemoteSandbox(SandboxHandle):
                             retry=True,
                             sandbox_id=self._id,
                         )
+                        unconfirmed = None
+                    except SandboxNotFound:
+                        unconfirmed = None  # the sandbox is gone, and the command with it
                     except SandboxError as exc:
                         log.debug("remote.exec.cancel_failed", error=str(exc))
+                        unconfirmed = str(exc)
+                if cancelled and unconfirmed is not None:
+                    # Not the cancellation: it would pass the command off as killed (and
+                    # its timeout as its own outcome), while it may still run.
+                    raise BackendUnavailable(
+                        f"the sandbox server at {self._backend.base_url} did not confirm that "
+                        f"the command was killed ({unconfirmed}); it may still run",
+                        retryable=False,
+                    )
         assert status is not None
         return status
 
