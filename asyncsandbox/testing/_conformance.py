@@ -19,8 +19,10 @@ and ``sh``. Each check cleans up after itself and fails with an AssertionError s
 went wrong.
 
 One check, ``launch_failure``, needs the backend's help: a way to make its launcher fail
-for real (see :data:`LaunchFailure`), given as ``launch_failure=``. Without it that check
-fails, saying so; a backend that truly cannot have it skips the check and says why.
+for real (see :data:`LaunchFailure`), given as ``launch_failure=``. Without it,
+``Check.run`` raises :class:`unittest.SkipTest` for that check (a test runner reports it
+skipped, with the reason), and :func:`check_backend` refuses to start unless the check is
+skipped explicitly.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import random
 import stat
 import tempfile
 import tracemalloc
+import unittest
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -364,9 +367,10 @@ async def check_launch_failure(ctx: Conformance) -> None:
     raises LaunchError, an infrastructure error, through exec and exec_stream: it is never
     an exit status, which a trainer would score. The sandbox works again afterwards."""
     if ctx.launch_failure is None:
-        raise AssertionError(
-            "this check needs a way to make the backend's launcher fail: pass "
-            "launch_failure= (see asyncsandbox.testing.LaunchFailure), or skip it saying why"
+        # A skip, not a pass (test runners report it with this reason; pytest included).
+        raise unittest.SkipTest(
+            "launch_failure: not checked, as no way to make the backend's launcher fail was "
+            "given (pass launch_failure=, see asyncsandbox.testing.LaunchFailure)"
         )
 
     async with ctx.sandbox() as sb:
@@ -604,12 +608,17 @@ async def check_backend(
     :param image: the image sandboxes use (it must have ``python3`` and ``sh``).
     :param skip: names of checks not to run (document why in your test).
     :param launch_failure: how to make the backend's launcher fail, for the
-        ``launch_failure`` check (see :data:`LaunchFailure`); without it, that check fails
-        unless skipped.
+        ``launch_failure`` check (see :data:`LaunchFailure`); required unless that check
+        is in ``skip``.
     """
     unknown = set(skip) - {c.name for c in CHECKS}
     if unknown:
         raise ValueError(f"unknown checks to skip: {sorted(unknown)}")
+    if launch_failure is None and "launch_failure" not in skip:
+        raise ValueError(
+            "pass launch_failure= (how to make the backend's launcher fail, see "
+            "asyncsandbox.testing.LaunchFailure), or skip=['launch_failure'] saying why"
+        )
     for item in CHECKS:
         if item.name not in skip:
             await item.run(make_backend, image=image, launch_failure=launch_failure)
