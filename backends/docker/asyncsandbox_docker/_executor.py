@@ -189,6 +189,7 @@ class Executor:
         self._ready = anyio.Event()
         self._failure: str | None = None
         self._closed = False
+        self._removing = False
         self._reading_since: float | None = None  # when the reader began waiting for bytes
 
     @property
@@ -347,11 +348,12 @@ class Executor:
                         raise SandboxDied(
                             self._sandbox_id, "lost: the executor did not kill a command"
                         )
-                if sent and job.status is None and cancelled:
+                if sent and job.status is None and cancelled and not self._removing:
                     # Cancelled (the command's timeout, or the caller) and the executor no
                     # longer answers: the command's end is unknown, and letting the
                     # cancellation through would pass it off as killed (a timeout would be
-                    # scored as the command's). Say what happened instead.
+                    # scored as the command's). Say what happened instead. (Unless the
+                    # sandbox is being removed: the command ends with it.)
                     raise self.broken()
             finally:  # also when raising: the job's channels must not leak
                 del self._jobs[job_id]
@@ -383,7 +385,8 @@ class Executor:
         )
 
     async def aclose(self) -> None:
-        self._closed = True
+        """Stop serving: the sandbox is being removed (its commands end with it)."""
+        self._closed = self._removing = True
         if self._stream is not None:
             with anyio.CancelScope(shield=True):
                 await self._stream.close()
