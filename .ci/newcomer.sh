@@ -29,7 +29,7 @@ as_newcomer() {
             return 1
         fi
     done
-    env -u ASYNCSANDBOX_REQUIRE_DOCKER -u ASYNCSANDBOX_TEST_DOCKER_RESTART \
+    env -u ASYNCSANDBOX_REQUIRE_DOCKER -u ASYNCSANDBOX_TEST_DOCKER_RESTART -u DOCKER_CONTEXT \
         -u ASYNCSANDBOX_TEST_IMAGE -u ASYNCSANDBOX_TEST_ROOTFS \
         DOCKER_HOST=unix:///nonexistent/docker.sock PATH="$bin" "$@"
 }

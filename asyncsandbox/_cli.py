@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
-import structlog
 
 from ._config import SandboxDefaults
 from ._errors import ExecTimeout, SandboxError
@@ -23,6 +22,9 @@ from ._session import Session
 
 def _configure_logging(verbosity: int) -> None:
     # The CLI is an application, so it may configure structlog (the library never does).
+    # Imported here: `asyncsandbox serve` imports this module (backend_options) at startup.
+    import structlog
+
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(level),

@@ -2,11 +2,14 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
+import anyio
 import pytest
 
+from asyncsandbox import Sandbox
 from asyncsandbox._process._backend import default_root
 
 
@@ -81,3 +84,67 @@ def docker_test_image() -> str:
     import os
 
     return os.environ.get("ASYNCSANDBOX_TEST_IMAGE", "python:3.12-slim")
+
+
+def _pids_current(pid: int) -> int:
+    """Tasks in the pids cgroup of host process ``pid`` (cgroup v1 or v2)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        if "pids" in controllers.split(","):
+            return int(Path(f"/sys/fs/cgroup/pids{path}/pids.current").read_text())
+        if hierarchy == "0" and not controllers:
+            unified = Path(f"/sys/fs/cgroup{path}/pids.current")
+            if unified.exists():
+                return int(unified.read_text())
+    raise RuntimeError(f"no pids cgroup found for process {pid}")
+
+
+@asynccontextmanager
+async def docker_pids_squeezed(container: str, *, room: int = 0) -> AsyncIterator[None]:
+    """While inside, the container can start only ``room`` more tasks: its pids limit is
+    set to what runs in it now plus ``room`` (``docker update``), then restored.
+
+    A real launcher failure of a Docker sandbox: forks fail with EAGAIN, so the executor
+    cannot fork a command's shepherd (``room=0``), or the shepherd cannot fork the command
+    (``room=1``); an Engine API exec's first process is still moved into the container
+    (cgroups refuse forks, not moves), and its fork of the command fails.
+    """
+    inspect = await anyio.run_process(
+        ["docker", "inspect", "-f", "{{.State.Pid}} {{.HostConfig.PidsLimit}}", container]
+    )
+    pid, configured = inspect.stdout.decode().split()
+    original = configured if configured.lstrip("-").isdigit() and configured != "0" else "-1"
+    limit = 1 if room == 0 else _pids_current(int(pid)) + room
+    await anyio.run_process(["docker", "update", "--pids-limit", str(limit), container])
+    try:
+        yield
+    finally:
+        # Shielded and bounded: the container must get its limit back whatever happened.
+        with anyio.CancelScope(shield=True), anyio.fail_after(60):
+            await anyio.run_process(["docker", "update", "--pids-limit", original, container])
+
+
+# -- the process backend's launcher, broken for real ---------------------------------------
+
+
+@asynccontextmanager
+async def process_launcher_broken(sandbox_dir: Path) -> AsyncIterator[None]:
+    """While inside, the process sandbox at ``sandbox_dir`` (on the host) cannot be set up:
+    its ``/tmp`` is taken away on the host, so every mechanism fails to bind it into the
+    sandbox's view (bubblewrap: "Can't find source path"; the native launcher: its mount
+    fails) and the command never runs. Put back on exit."""
+    tmp = anyio.Path(sandbox_dir, "fs", "tmp")
+    aside = anyio.Path(sandbox_dir, "fs", "tmp.broken")
+    await tmp.rename(aside)
+    try:
+        yield
+    finally:
+        with anyio.CancelScope(shield=True):
+            await aside.rename(tmp)
+
+
+def process_launch_failure(sandbox: Sandbox) -> AbstractAsyncContextManager[None]:
+    """The conformance suite's launch_failure hook for a local process sandbox."""
+    from asyncsandbox._process import ProcessAttributes
+
+    return process_launcher_broken(sandbox.extra(ProcessAttributes.root))

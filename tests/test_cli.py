@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 
-def cli(*args: str, root: Path, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, "ASYNCSANDBOX_PROCESS_ROOT": str(root)}
+
+def cli(
+    *args: str,
+    root: Path,
+    stdin: bytes | None = None,
+    env: dict[str, str] | None = None,
+    wrapper: Sequence[str] = (),
+) -> subprocess.CompletedProcess[bytes]:
+    env = {**(env or os.environ), "ASYNCSANDBOX_PROCESS_ROOT": str(root)}
     return subprocess.run(
-        [sys.executable, "-m", "asyncsandbox", *args],
+        [*wrapper, sys.executable, "-m", "asyncsandbox", *args],
         input=stdin,
         capture_output=True,
         timeout=120,
@@ -96,3 +106,117 @@ def test_errors_are_reported_not_raised(process_root: Path) -> None:
     assert done.returncode == 2
     assert b"BackendNotFound" in done.stderr
     assert b"Traceback" not in done.stderr
+
+
+# -- Docker unavailable -----------------------------------------------------------------------
+#
+# Where aiodocker looks for the daemon when DOCKER_HOST is not set.
+DOCKER_SOCKETS = ("/run/docker.sock", "/var/run/docker.sock")
+
+
+def without_docker(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of a user with no Docker configuration (a fresh HOME)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    return {**env, "HOME": str(home), **extra}
+
+
+def hide_docker_sockets() -> list[str]:
+    """A command prefix that runs its command with every Docker socket of this host hidden
+    (bind-mounted over with /dev/null in a private mount namespace), or [] when there is
+    none to hide. The shared daemon itself is left alone."""
+    present = [path for path in DOCKER_SOCKETS if Path(path).is_socket()]
+    if not present:
+        return []
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("a Docker socket exists and util-linux `unshare` is missing to hide it")
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    mounts = "".join(f"mount --bind /dev/null {path} && " for path in present)
+    probe = subprocess.run(
+        [unshare, *user, "--mount", "--propagation", "private", "sh", "-c", f"{mounts}true"],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"cannot hide the Docker socket in a mount namespace: {probe.stderr!r}")
+    script = f'{mounts}exec "$@"'
+    return [unshare, *user, "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
+
+
+def assert_docker_unavailable(done: subprocess.CompletedProcess[bytes], *needles: str) -> None:
+    output = done.stdout.decode() + done.stderr.decode()
+    assert b"Traceback" not in done.stderr, output
+    for needle in needles:
+        assert needle in output, output
+
+
+def test_no_docker_socket_is_reported_not_raised(process_root: Path, tmp_path: Path) -> None:
+    """No DOCKER_HOST and no socket where the Docker client looks: every entry point that
+    opens the Docker backend says Docker is unavailable and why (aiodocker failed an
+    assert here)."""
+    env = without_docker(tmp_path)
+    wrapper = hide_docker_sockets()
+    listing = cli("backends", root=process_root, env=env, wrapper=wrapper)
+    assert listing.returncode == 0
+    assert_docker_unavailable(
+        listing, "docker   unavailable: no Docker engine to connect to", "DOCKER_HOST is not set"
+    )
+    assert "process " in listing.stdout.decode()  # the other backends are still listed
+    for command in (["gc"], ["ls"], ["exec", "--", "true"]):
+        args = [command[0], "--backend", "docker", *command[1:]]
+        done = cli(*args, root=process_root, env=env, wrapper=wrapper)
+        assert done.returncode == 2
+        assert_docker_unavailable(
+            done, "asyncsandbox: BackendUnavailable: no Docker engine to connect to"
+        )
+
+
+def test_an_unreachable_docker_host_is_reported_not_raised(
+    process_root: Path, tmp_path: Path
+) -> None:
+    """DOCKER_HOST names a socket nobody listens on; it wins over a docker context, as it
+    does for the docker CLI (aiodocker would read the context first)."""
+    env = without_docker(tmp_path, DOCKER_HOST="unix:///nonexistent/docker.sock")
+    docker_dir = Path(env["HOME"]) / ".docker"
+    docker_dir.mkdir()
+    (docker_dir / "config.json").write_text(json.dumps({"currentContext": "elsewhere"}))
+    listing = cli("backends", root=process_root, env=env)
+    assert listing.returncode == 0
+    assert_docker_unavailable(
+        listing,
+        "docker   unavailable: cannot connect to the Docker daemon",
+        "/nonexistent/docker.sock",
+        "Start the Docker daemon",
+    )
+    done = cli("gc", "--backend", "docker", root=process_root, env=env)
+    assert done.returncode == 2
+    assert_docker_unavailable(done, "BackendUnavailable: cannot connect to the Docker daemon")
+
+
+def test_serve_reports_an_unavailable_backend(process_root: Path, tmp_path: Path) -> None:
+    """``asyncsandbox serve --backend docker`` with no engine: one line saying why, exit 2,
+    no URL announced (uvicorn logged a traceback and exited 1 with an exception group)."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text("alice:" + "k" * 32 + "\n")
+    env = without_docker(tmp_path, DOCKER_HOST="unix:///nonexistent/docker.sock")
+    done = cli(
+        "serve",
+        "--backend",
+        "docker",
+        "--listen",
+        "127.0.0.1:0",
+        "--print-url",
+        "--keys",
+        str(keys),
+        root=process_root,
+        env=env,
+    )
+    assert done.returncode == 2
+    assert done.stdout == b""
+    assert done.stderr.decode().startswith(
+        "asyncsandbox serve: BackendUnavailable: cannot connect to the Docker daemon"
+    ), done.stderr.decode()
+    assert len(done.stderr.decode().splitlines()) == 1, done.stderr.decode()

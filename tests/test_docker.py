@@ -4,13 +4,15 @@ backend says so (see test_refuses_trio_with_a_clear_error)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import anyio
@@ -22,16 +24,18 @@ from asyncsandbox import (
     ExecTimeout,
     InfrastructureError,
     InvalidArgument,
+    LaunchError,
     Resources,
+    Sandbox,
     SandboxDefaults,
     SandboxDied,
     Session,
 )
 from asyncsandbox.testing import CHECKS, Check
 
-from .conftest import docker_problem, docker_test_image
+from .conftest import docker_pids_squeezed, docker_problem, docker_test_image
 
-pytestmark = pytest.mark.usefixtures("docker_engine")
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_engine")]
 IMAGE = docker_test_image()
 
 
@@ -41,8 +45,10 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(autouse=True)
-def daemon_still_answers() -> Iterator[None]:
-    """Fail fast, with the reason, if a test left the daemon wedged."""
+def daemon_still_answers(docker_engine: None) -> Iterator[None]:
+    """Fail fast, with the reason, if a test left the daemon wedged. Only after an engine
+    answered before the test (``docker_engine``): without one, the test was skipped and
+    there is nothing to check."""
     yield
     problem = docker_problem()
     if problem is not None:
@@ -72,10 +78,15 @@ def unique() -> str:
     return "test-" + uuid.uuid4().hex[:8]
 
 
+def squeeze_pids(sandbox: Sandbox) -> AbstractAsyncContextManager[None]:
+    """The launch_failure hook: no fork succeeds in the container (tests/conftest.py)."""
+    return docker_pids_squeezed(sandbox.extra(DockerAttributes.container_id))
+
+
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
 @pytest.mark.parametrize("fast_path", [True, False], ids=["executor", "engine-api"])
 async def test_conformance(check: Check, fast_path: bool) -> None:
-    await check.run(lambda: backend(fast_path=fast_path))
+    await check.run(lambda: backend(fast_path=fast_path), launch_failure=squeeze_pids)
 
 
 async def test_commands_cannot_touch_the_executor() -> None:
@@ -110,6 +121,71 @@ async def test_signals_are_reported_on_the_fast_path() -> None:
         exited = await sb.exec(["sh", "-c", "exit 137"])
     assert (killed.returncode, killed.signal) == (137, 9)
     assert (exited.returncode, exited.signal) == (137, None)
+
+
+# -- launcher failures are infrastructure errors (issue 18) -----------------------------------
+
+
+async def launch_error(call: Awaitable[object]) -> LaunchError:
+    """The LaunchError that ``call`` raises (the test fails with what it gave instead)."""
+    try:
+        result = await call
+    except LaunchError as exc:
+        return exc
+    pytest.fail(f"a command that could not start gave a result: {result}")
+
+
+@pytest.mark.parametrize(
+    ("fast_path", "room"),
+    [(True, 0), (True, 1), (False, 0)],
+    ids=["executor-cannot-fork-a-shepherd", "shepherd-cannot-fork-the-command", "engine-api"],
+)
+async def test_a_command_that_cannot_be_launched_raises_launch_error(
+    fast_path: bool, room: int
+) -> None:
+    """When our side cannot start a command (here every fork in the container fails), exec
+    raises LaunchError, retryable: the command never ran. It returned exit status 137 (the
+    shepherd died before the command: "killed"), or 1 (the Engine API shepherd's
+    traceback), or hung 10 s and declared the sandbox lost. The sandbox works again once
+    forks do."""
+    tag = unique()
+    defaults = SandboxDefaults(tags=(tag,))
+    async with (
+        Session(backend(fast_path=fast_path), defaults=defaults, sweep=False) as s,
+        s.sandbox() as sb,
+    ):
+        assert (await sb.exec(["true"])).returncode == 0
+        container = sb.extra(DockerAttributes.container_id)
+        async with docker_pids_squeezed(container, room=room):
+            for stdin in (None, b"some input"):
+                error = await launch_error(sb.exec(["echo", "never"], stdin=stdin, timeout=60))
+                assert error.retryable
+                # On the Engine API path, Docker itself may fail to start the shepherd, or the
+                # shepherd its stdin thread.
+                expected = "Resource temporarily unavailable|can't start new thread|OCI runtime"
+                assert re.search(expected, str(error)), error
+        again = await sb.exec(["echo", "launched again"], timeout=60)
+        assert again.stdout == b"launched again\n"
+        assert s.statistics().execs_failed == 2
+    assert containers(f"asyncsandbox.tag.{tag}") == []
+
+
+async def test_engine_api_results_cannot_be_forged_into_errors() -> None:
+    """On the Engine API path, output that looks like Docker's own start failures and the
+    launcher's exit status are a command's own outcome, not an infrastructure error (they
+    were taken for a dead sandbox, and for an image without python3)."""
+    async with (
+        Session(backend(fast_path=False), sweep=False) as s,
+        s.sandbox() as sb,
+    ):
+        for code, text in (
+            (126, "OCI runtime exec failed: exec failed: unable to start container process"),
+            (127, 'exec: "python3": executable file not found in $PATH'),
+            (125, "a command may exit 125 too"),
+        ):
+            result = await sb.exec(["sh", "-c", f"echo '{text}'; exit {code}"])
+            assert (result.returncode, result.stdout) == (code, text.encode() + b"\n")
+        assert (await sb.exec(["echo", "alive"])).stdout == b"alive\n"
 
 
 def executor_fds(container_id: str) -> tuple[int, float]:
@@ -177,6 +253,29 @@ async def test_a_slow_reader_is_not_a_stalled_executor() -> None:
         assert (await sb.exec(["true"])).returncode == 0
 
 
+def test_prints_nothing_until_logging_is_configured() -> None:
+    """A program using the Docker backend writes its own output only: the backend's debug
+    events (``docker.connected`` on every Session) were printed on stdout."""
+    program = textwrap.dedent(
+        """
+        import sys, anyio
+        from asyncsandbox import Session
+        from asyncsandbox_docker import DockerBackend
+        async def main():
+            async with Session(DockerBackend(default_image=sys.argv[1]), sweep=False) as s:
+                result = await s.run(["echo", "only this"])
+            sys.stdout.buffer.write(result.stdout)
+        anyio.run(main)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program, IMAGE], capture_output=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout == b"only this\n"
+    assert done.stderr == b""
+
+
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_refuses_trio_with_a_clear_error() -> None:
     with pytest.raises(InvalidArgument, match=r"does not run on trio.*asyncio.*'process'"):
@@ -231,7 +330,9 @@ async def test_fork_bomb_is_contained() -> None:
     defaults = SandboxDefaults(tags=(unique(),), resources=Resources(pids=64))
     async with session("", defaults=defaults) as s, s.sandbox() as sb:
         with pytest.raises(ExecTimeout):
-            await sb.exec(["sh", "-c", "b() { b | b & }; b; exec sleep 100"], timeout=3)
+            # The bomb in a background subshell: the shell's one fork comes before it, so
+            # its `exec sleep` cannot be refused a fork (dash exits when a fork fails).
+            await sb.exec(["sh", "-c", "(b() { b | b & }; b) & exec sleep 100"], timeout=3)
         alive = await sb.exec(["echo", "still here"], timeout=20)
         assert alive.stdout == b"still here\n"
         left = await sb.exec(["sh", "-c", "ls /proc | grep -c '^[0-9]'"], timeout=20)

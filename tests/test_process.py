@@ -35,6 +35,8 @@ from asyncsandbox._process import (
 )
 from asyncsandbox.testing import CHECKS, Check
 
+from .conftest import process_launch_failure
+
 IS_ROOT = os.geteuid() == 0
 
 
@@ -309,7 +311,10 @@ def mechanisms() -> list[str]:
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
 @pytest.mark.parametrize("mechanism", mechanisms())
 async def test_every_mechanism_conforms(mechanism: str, check: Check, process_root: Path) -> None:
-    await check.run(lambda: ProcessBackend(root=process_root, isolation=mechanism))  # type: ignore[arg-type]
+    await check.run(
+        lambda: ProcessBackend(root=process_root, isolation=mechanism),  # type: ignore[arg-type]
+        launch_failure=process_launch_failure,
+    )
 
 
 @pytest.fixture

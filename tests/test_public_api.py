@@ -13,6 +13,7 @@ import asyncsandbox.compat
 import asyncsandbox.compat.aviato
 import asyncsandbox.compat.cwsandbox
 import asyncsandbox.demo
+import asyncsandbox.log
 import asyncsandbox.sync
 import asyncsandbox.testing
 import asyncsandbox.tools
@@ -24,6 +25,7 @@ PUBLIC_MODULES = [
     asyncsandbox.compat.cwsandbox,
     asyncsandbox.compat.aviato,
     asyncsandbox.demo,
+    asyncsandbox.log,
     asyncsandbox.sync,
     asyncsandbox.testing,
     asyncsandbox.tools,

@@ -22,6 +22,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -37,6 +38,8 @@ from asyncsandbox_remote._openapi import openapi
 from asyncsandbox import (
     BackendUnavailable,
     InvalidArgument,
+    LaunchError,
+    Sandbox,
     SandboxDied,
     Session,
 )
@@ -44,7 +47,12 @@ from asyncsandbox._process._backend import default_root
 from asyncsandbox.abc import Backend
 from asyncsandbox.testing import CHECKS, Check
 
-from .conftest import docker_problem, docker_test_image
+from .conftest import (
+    docker_pids_squeezed,
+    docker_test_image,
+    process_launcher_broken,
+    require_docker,
+)
 
 ALICE = "alice-" + secrets.token_hex(16)
 BOB = "bob-" + secrets.token_hex(16)
@@ -170,11 +178,7 @@ def make_server(server_dir: Path) -> Iterator[Callable[..., Server]]:
 @pytest.fixture(scope="module")
 def docker_server(server_dir: Path) -> Iterator[Server]:
     """A server on the Docker backend (skipped without an engine, like docker_engine)."""
-    problem = docker_problem()
-    if problem is not None:
-        if os.environ.get("ASYNCSANDBOX_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"Docker is required (ASYNCSANDBOX_REQUIRE_DOCKER=1): {problem}")
-        pytest.skip(problem)
+    require_docker()
     server = Server(
         server_dir / "docker",
         "--backend-option",
@@ -221,7 +225,20 @@ def _grows(client: httpx.Client, sandbox_id: str, path: str) -> bool:
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
 async def test_conformance_process(process_server: Server, check: Check) -> None:
-    await check.run(process_server.backend())
+    def broken(sandbox: Sandbox) -> AbstractAsyncContextManager[None]:
+        # The served sandbox's id is its directory under the server's root.
+        assert process_server.root is not None
+        assert sandbox.id is not None
+        return process_launcher_broken(process_server.root / sandbox.id)
+
+    await check.run(process_server.backend(), launch_failure=broken)
+
+
+def squeeze_served_container(sandbox: Sandbox) -> AbstractAsyncContextManager[None]:
+    """The launch_failure hook through a Docker server: the remote sandbox's id is the
+    container's name (the server's own hook, see tests/conftest.py)."""
+    assert sandbox.id is not None
+    return docker_pids_squeezed(sandbox.id)
 
 
 @pytest.mark.docker
@@ -229,7 +246,7 @@ async def test_conformance_process(process_server: Server, check: Check) -> None
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
 async def test_conformance_docker(docker_server: Server, check: Check) -> None:
     # The server's backend is asyncio-only; the client runs on asyncio and trio alike.
-    await check.run(docker_server.backend())
+    await check.run(docker_server.backend(), launch_failure=squeeze_served_container)
 
 
 async def test_session_by_name_and_environment(
@@ -270,6 +287,68 @@ async def test_unreachable_server_is_backend_unavailable() -> None:
             pass
     assert info.value.retryable
     assert not (info.value.__cause__ is None)  # chained, never an httpx error
+
+
+async def test_a_command_that_cannot_be_started_crosses_the_wire_as_launch_error(
+    server_dir: Path,
+) -> None:
+    """The served backend could not start the command (a fake one whose next three
+    commands fail to launch): the client raises LaunchError, retryable, through the exec
+    stream and its error frame; the unary endpoint answers 502 ``launch_error``. It was a
+    generic InfrastructureError (``infrastructure_error``), its type and retryability lost."""
+    server = Server(
+        server_dir / ("fake-" + uuid.uuid4().hex[:6]),
+        "--backend-option",
+        "launch_failures=3",
+        backend="fake",
+    )
+    try:
+        async with Session(RemoteBackend(server.url, ALICE), sweep=False) as s, s.sandbox() as sb:
+            with pytest.raises(LaunchError, match="scripted launch failure") as info:
+                await sb.exec(["echo", "never"])
+            assert info.value.retryable
+            with pytest.raises(LaunchError):
+                async with sb.exec_stream(["echo", "never"]) as run:
+                    await run.wait()
+            assert sb.id is not None
+            with server.client() as client:
+                answer = await anyio.to_thread.run_sync(
+                    functools.partial(
+                        client.post, f"/v1/sandboxes/{sb.id}/exec", json={"argv": ["true"]}
+                    )
+                )
+            assert answer.status_code == 502, answer.text
+            error = answer.json()["error"]
+            assert (error["code"], error["retryable"], error["sandbox_id"]) == (
+                "launch_error",
+                True,
+                sb.id,
+            )
+            assert (await sb.exec(["echo", "started"])).stdout == b"started\n"
+    finally:
+        server.stop()
+
+
+async def test_a_kill_the_server_does_not_confirm_is_never_a_timeout(
+    make_server: Callable[..., Server],
+) -> None:
+    """The command's timeout expires while the server does not answer (it is frozen with
+    SIGSTOP): whether the command was killed is unknown, so the client raises
+    BackendUnavailable. It reported ExecTimeout, the command's own outcome ("it ran too
+    long and was killed"), which a trainer scores."""
+    server = make_server()
+    async with Session(RemoteBackend(server.url, ALICE), sweep=False) as s, s.sandbox() as sb:
+        async with sb.exec_stream(["sh", "-c", "echo up; exec sleep 600"], timeout=2) as run:
+            async for chunk in run:
+                assert chunk.data == b"up\n"
+                break
+            server.process.send_signal(signal.SIGSTOP)
+            try:
+                with pytest.raises(BackendUnavailable, match="did not confirm"):
+                    await run.wait()
+            finally:
+                server.process.send_signal(signal.SIGCONT)
+        assert (await sb.exec(["echo", "answering again"])).stdout == b"answering again\n"
 
 
 async def test_tls(make_server: Callable[..., Server], tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from ._conformance import (
     CHECKS as CHECKS,
     Check as Check,
     Conformance as Conformance,
+    LaunchFailure as LaunchFailure,
     check_backend as check_backend,
 )
 from ._fake import (
@@ -28,6 +29,7 @@ __all__ = (
     "CHECKS",
     "Check",
     "Conformance",
+    "LaunchFailure",
     "PROBE",
     "probe",
     "emitted",

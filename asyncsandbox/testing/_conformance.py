@@ -17,6 +17,12 @@ or one check per test, for readable reports::
 Sandboxes must offer ``python3`` (the suite's commands run the probe, see ``_probe``)
 and ``sh``. Each check cleans up after itself and fails with an AssertionError saying what
 went wrong.
+
+One check, ``launch_failure``, needs the backend's help: a way to make its launcher fail
+for real (see :data:`LaunchFailure`), given as ``launch_failure=``. Without it,
+``Check.run`` raises :class:`unittest.SkipTest` for that check (a test runner reports it
+skipped, with the reason), and :func:`check_backend` refuses to start unless the check is
+skipped explicitly.
 """
 
 from __future__ import annotations
@@ -27,9 +33,10 @@ import random
 import stat
 import tempfile
 import tracemalloc
+import unittest
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,18 +48,33 @@ from .._errors import (
     ExecFailed,
     ExecTimeout,
     FileErrorReason,
+    InfrastructureError,
+    LaunchError,
     SandboxClosed,
     SandboxFileError,
 )
-from .._models import SandboxStatus
+from .._models import ExecResult, SandboxStatus
 from .._sandbox import Sandbox
 from .._session import Session
 from ..abc import Backend
 from ._probe import emitted, probe
 
-__all__ = ("CHECKS", "Check", "Conformance", "check_backend")
+__all__ = ("CHECKS", "Check", "Conformance", "LaunchFailure", "check_backend")
 
 BackendFactory = Callable[[], Backend]
+
+LaunchFailure = Callable[[Sandbox], AbstractAsyncContextManager[object]]
+"""How the ``launch_failure`` check makes a backend's launcher fail: given a started
+sandbox, an async context manager inside which the backend cannot start any command in
+that sandbox, for a real reason of its own (its launcher, agent or isolation setup fails;
+say, no process can be forked), and after which it can again. Return from ``__aenter__``
+once the failure is in place; leave the sandbox alive. The check expects every command
+tried inside to raise :class:`~asyncsandbox.LaunchError` (an infrastructure error: the
+command never ran), never to give an exit status, and the sandbox to work afterwards.
+
+Examples: ``FakeBackend.break_launcher``; for Docker, ``docker update --pids-limit`` below
+what the container runs (``tests/conftest.py``); for a remote server, the served
+backend's own way (the remote backend only has to carry the error over the wire)."""
 
 
 def expect(condition: object, message: str) -> None:
@@ -67,6 +89,7 @@ class Conformance:
 
     make_backend: BackendFactory
     image: str | None = None
+    launch_failure: LaunchFailure | None = None
 
     def __post_init__(self) -> None:
         self.tag = f"conformance-{uuid.uuid4().hex[:10]}"
@@ -95,9 +118,18 @@ class Check:
     def doc(self) -> str:
         return (self.func.__doc__ or "").strip()
 
-    async def run(self, make_backend: BackendFactory, *, image: str | None = None) -> None:
-        """Run this check; raise AssertionError if the backend does not conform."""
-        ctx = Conformance(make_backend, image)
+    async def run(
+        self,
+        make_backend: BackendFactory,
+        *,
+        image: str | None = None,
+        launch_failure: LaunchFailure | None = None,
+    ) -> None:
+        """Run this check; raise AssertionError if the backend does not conform.
+
+        :param launch_failure: see :data:`LaunchFailure` (needed by ``launch_failure``).
+        """
+        ctx = Conformance(make_backend, image, launch_failure)
         try:
             await self.func(ctx)
         except AssertionError as exc:
@@ -329,6 +361,56 @@ async def check_stream(ctx: Conformance) -> None:
             raise AssertionError("exec_stream ignored its timeout")
 
 
+@check
+async def check_launch_failure(ctx: Conformance) -> None:
+    """A command the backend cannot start (its launcher, agent or isolation setup failed)
+    raises LaunchError, an infrastructure error, through exec and exec_stream: it is never
+    an exit status, which a trainer would score. The sandbox works again afterwards."""
+    if ctx.launch_failure is None:
+        # A skip, not a pass (test runners report it with this reason; pytest included).
+        raise unittest.SkipTest(
+            "launch_failure: not checked, as no way to make the backend's launcher fail was "
+            "given (pass launch_failure=, see asyncsandbox.testing.LaunchFailure)"
+        )
+
+    async with ctx.sandbox() as sb:
+
+        async def plain() -> ExecResult:
+            return await sb.exec(probe("echo"), stdin=b"never")
+
+        async def without_stdin() -> ExecResult:
+            return await sb.exec(probe("exit", 0))
+
+        async def streamed() -> ExecResult:
+            async with sb.exec_stream(probe("echo"), stdin=b"never") as run:
+                return await run.wait()
+
+        before = await sb.exec(probe("echo"), stdin=b"before")
+        expect(before.stdout == b"before", f"exec before the launcher failed: {before}")
+        async with ctx.launch_failure(sb):
+            for how, call in (
+                ("exec", plain),
+                ("exec without stdin", without_stdin),
+                ("exec_stream", streamed),
+            ):
+                try:
+                    result = await call()
+                except LaunchError:
+                    continue
+                except InfrastructureError as exc:
+                    raise AssertionError(
+                        f"{how}: a command that could not be started raised "
+                        f"{type(exc).__name__} ({exc}); it must be LaunchError (it never ran)"
+                    ) from exc
+                raise AssertionError(
+                    f"{how}: a command that could not be started gave exit status "
+                    f"{result.returncode} (stderr {result.stderr[-300:]!r}) instead of raising "
+                    "LaunchError"
+                )
+        after = await sb.exec(probe("echo"), stdin=b"after")
+        expect(after.stdout == b"after", f"the sandbox does not work after the failure: {after}")
+
+
 # -- files ----------------------------------------------------------------------------------
 
 
@@ -518,16 +600,25 @@ async def check_backend(
     *,
     image: str | None = None,
     skip: Collection[str] = (),
+    launch_failure: LaunchFailure | None = None,
 ) -> None:
     """Run the whole conformance suite against the backend made by ``make_backend`` (a
     fresh instance per session). Raises AssertionError at the first failing check.
 
     :param image: the image sandboxes use (it must have ``python3`` and ``sh``).
     :param skip: names of checks not to run (document why in your test).
+    :param launch_failure: how to make the backend's launcher fail, for the
+        ``launch_failure`` check (see :data:`LaunchFailure`); required unless that check
+        is in ``skip``.
     """
     unknown = set(skip) - {c.name for c in CHECKS}
     if unknown:
         raise ValueError(f"unknown checks to skip: {sorted(unknown)}")
+    if launch_failure is None and "launch_failure" not in skip:
+        raise ValueError(
+            "pass launch_failure= (how to make the backend's launcher fail, see "
+            "asyncsandbox.testing.LaunchFailure), or skip=['launch_failure'] saying why"
+        )
     for item in CHECKS:
         if item.name not in skip:
-            await item.run(make_backend, image=image)
+            await item.run(make_backend, image=image, launch_failure=launch_failure)

@@ -27,6 +27,7 @@ import anyio.abc
 from .._errors import (
     BackendUnavailable,
     FileErrorReason,
+    LaunchError,
     SandboxDied,
     SandboxFileError,
     SandboxNotFound,
@@ -357,6 +358,9 @@ class FakeBackend(Backend):
         ``exec_delay``).
     :param create_failures: how many of the first ``create`` calls fail with a retryable
         :class:`BackendUnavailable` (to exercise retries).
+    :param launch_failures: how many of the first commands fail to launch: ``exec`` raises a
+        retryable :class:`~asyncsandbox.LaunchError` and the command never runs (to exercise
+        how infrastructure errors are masked). See also :meth:`break_launcher`.
     :param commands: extra commands by program name, overriding the built-in ones.
     :param async_libraries: async libraries to declare (default: asyncio and trio).
     :param world: share sandboxes with other FakeBackends (default: a world of its own).
@@ -373,6 +377,7 @@ class FakeBackend(Backend):
         remove_delay: float = 0.0,
         exec_delay: float = 0.0,
         create_failures: int = 0,
+        launch_failures: int = 0,
         commands: Mapping[str, FakeCommand] | None = None,
         async_libraries: frozenset[str] = frozenset({"asyncio", "trio"}),
         world: FakeWorld | None = None,
@@ -381,6 +386,7 @@ class FakeBackend(Backend):
         self.remove_delay = remove_delay
         self.exec_delay = exec_delay
         self.create_failures = create_failures
+        self.launch_failures = launch_failures
         self.commands = {**BUILTIN_COMMANDS, **(commands or {})}
         self.world = world or FakeWorld()
         self._caps = BackendCapabilities(
@@ -402,6 +408,14 @@ class FakeBackend(Backend):
     def kill(self, sandbox_id: str, reason: str = "killed from outside") -> None:
         """Make a sandbox die (its commands fail with :class:`SandboxDied`)."""
         self.sandboxes[sandbox_id].dead = reason
+
+    def break_launcher(
+        self, sandbox_id: str, reason: str | None = "the launcher cannot start commands"
+    ) -> None:
+        """Make every command of a sandbox fail to launch (``exec`` raises a retryable
+        :class:`~asyncsandbox.LaunchError`; the command never runs) until called again with
+        ``reason=None``. The sandbox itself stays alive."""
+        self.sandboxes[sandbox_id].launch_failure = reason
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         if self.create_delay:
@@ -439,6 +453,7 @@ class _FakeSandbox(SandboxHandle):
         self.spec = spec
         self.fs = _FakeFS(spec.workdir)
         self.dead: str | None = None
+        self.launch_failure: str | None = None
         self.created_at = time.time()
         self._trees: set[anyio.CancelScope] = set()
 
@@ -474,6 +489,12 @@ class _FakeSandbox(SandboxHandle):
         self._check()
         if self._backend.exec_delay:
             await anyio.sleep(self._backend.exec_delay)
+        backend = self._backend
+        if self.launch_failure is not None or backend.launch_failures > 0:
+            if self.launch_failure is None:
+                backend.launch_failures -= 1
+            reason = self.launch_failure or "scripted launch failure"
+            raise LaunchError(f"fake: sandbox {self._id}: {reason}", retryable=True)
         if not self.fs.is_dir(cwd):
             await on_output("stderr", f"cannot change to directory {cwd}\n".encode())
             return ExitStatus(returncode=126)

@@ -37,7 +37,11 @@ import anyio.abc
 from anyio.abc import SocketStream
 
 Mode = Literal["pass", "slow", "blackhole", "down"]
-DOCKER_SOCKET = "/var/run/docker.sock"
+# The daemon the tests use: DOCKER_HOST's socket when it names one, as for the backend.
+_HOST = os.environ.get("DOCKER_HOST", "")
+DOCKER_SOCKET = (
+    _HOST.removeprefix("unix://") if _HOST.startswith("unix://") else "/var/run/docker.sock"
+)
 
 
 class _Connection:

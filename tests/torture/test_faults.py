@@ -8,6 +8,7 @@ _with_typed_errors (behind ASYNCSANDBOX_TEST_DOCKER_RESTART=1: the daemon is sha
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -17,13 +18,13 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from asyncsandbox import (
     BackendUnavailable,
-    CommandError,
     ExecResult,
     InfrastructureError,
     RetryPolicy,
@@ -236,8 +237,9 @@ async def test_slow_daemon(docker_target_fixture: Target, socket_dir: Path) -> N
 
 
 async def test_wedged_daemon(docker_target_fixture: Target, socket_dir: Path) -> None:
-    """Docker 20.10 wedged (moby/moby#46661): answers never come. Commands end by their
-    own timeout or a typed error, creates by their deadline; then it recovers."""
+    """Docker 20.10 wedged (moby/moby#46661): answers never come. Commands end with a typed
+    infrastructure error (never their timeout: what they did is unknown), creates by their
+    deadline; then it recovers."""
     target = docker_target_fixture
     deadline = 3.0
     async with docker_proxy(socket_dir) as proxy:
@@ -253,7 +255,7 @@ async def test_wedged_daemon(docker_target_fixture: Target, socket_dir: Path) ->
                 try:
                     await sb.exec(["echo", "hi"], timeout=3)
                     results.append("exec ok")
-                except (CommandError, InfrastructureError) as exc:
+                except InfrastructureError as exc:  # (ExecTimeout here was a lie)
                     results.append(f"exec {type(exc).__name__}")
                 assert time.monotonic() - started < 3 + deadline + target.bound
 
@@ -292,6 +294,49 @@ async def test_wedged_daemon(docker_target_fixture: Target, socket_dir: Path) ->
             assert (await s2.run(["echo", "back"], timeout=60)).stdout == b"back\n"
     await cleanup(target)
     assert target.leftovers() == []
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["executor", "engine-api"])
+async def test_a_lost_answer_is_never_a_timeout(
+    docker_target_fixture: Target, socket_dir: Path, fast_path: bool
+) -> None:
+    """A command runs; then the daemon wedges and nothing comes back, and the command's
+    timeout expires: whether it ended, or was killed, is unknown. That is an infrastructure
+    error, never ExecTimeout (a command outcome a trainer scores: "it ran too long").
+
+    It was ExecTimeout: on the fast path when the executor was given up (a file operation
+    found it silent) while the timeout's kill waited for its answer; on the Engine API
+    path whenever the kill could not be confirmed (the command was left running)."""
+    target = docker_target_fixture
+    deadline = 2.0
+    async with docker_proxy(socket_dir) as proxy:
+        wedged = proxied(proxy, target, call_deadline=deadline)
+        backend = docker_backend(url=proxy.url, call_deadline=deadline, fast_path=fast_path)
+        async with wedged.session(backend=backend, retries=NO_RETRIES) as s, s.sandbox() as sb:
+            marker = unique_marker()
+            command = ["sh", "-c", f"echo up; exec sleep {marker}"]
+            async with sb.exec_stream(command, timeout=1.5) as run:
+                async for chunk in run:
+                    assert chunk.data == b"up\n"
+                    break
+                proxy.set("blackhole")  # the command runs; no answer comes back any more
+                async with anyio.create_task_group() as tg:
+                    if fast_path:  # finds the executor silent after the call deadline
+                        tg.start_soon(write_quietly, sb)
+                    with pytest.raises(InfrastructureError) as info:
+                        await run.wait()
+            REPORT.fault(
+                f"lost_answer_{'executor' if fast_path else 'api'}", "docker", outcome(info.value)
+            )
+            proxy.set("pass")
+    await cleanup(target)
+    assert await _host.processes_gone(marker, within=target.bound) == []
+    assert target.leftovers() == []
+
+
+async def write_quietly(sb: Any) -> None:
+    with contextlib.suppress(SandboxError):
+        await sb.write_file("f", b"x")
 
 
 async def test_daemon_restart_through_proxy(

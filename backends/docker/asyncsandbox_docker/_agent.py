@@ -12,7 +12,10 @@ process tree, so every command runs under this shepherd:
     killed, then the shepherd exits with ARGV's status (128+N for signal N). On SIGTERM it
     kills the whole tree and exits 137. The command cannot signal the shepherd (it runs as
     another user), and the shepherd never reads the command's output: results come from
-    Docker itself, so they stay honest.
+    Docker itself, so they stay honest. If the shepherd cannot start ARGV (a fork fails,
+    say), it writes why in TOKEN.failed in that root-only directory and exits
+    LAUNCH_FAILED: the host reads the file (a command can exit LAUNCH_FAILED too, but
+    cannot write there) and reports a launch failure instead of an exit status.
 
 ``kill TOKEN``
     SIGTERMs the shepherd recorded under TOKEN and waits until it is gone.
@@ -23,10 +26,11 @@ process tree, so every command runs under this shepherd:
     command costs a fork instead of three Engine API calls. It prepares WORKDIR and HOME for
     UID, then runs each command under its own shepherd (as in ``run``), relays the
     command's output tagged with its job id, and reports how the command ended (exit
-    status, signal, OOM kill). It is not dumpable and runs as root while commands run as
-    UID: a command can neither signal it nor reach its file descriptors, so it cannot forge
-    a frame. It exits — ending the container — when its LIFETIME (seconds) is over, or when
-    the host disconnects (stdin EOF: the owner died), killing every command first.
+    status, signal, OOM kill), or that it could not be started (``launch_error``). It is
+    not dumpable and runs as root while commands run as UID: a command can neither signal
+    it nor reach its file descriptors, so it cannot forge a frame. It exits — ending the
+    container — when its LIFETIME (seconds) is over, or when the host disconnects (stdin
+    EOF: the owner died), killing every command first.
 """
 
 import errno
@@ -43,7 +47,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import json  # noqa: TC004 - imported for real by main(), for serve only
     import selectors  # noqa: TC004
-    from typing import Dict, List, Optional, Tuple
+    from typing import Dict, List, NoReturn, Optional, Tuple
 
 
 class suppress:
@@ -62,6 +66,9 @@ class suppress:
 RUN_DIR = "/run/asyncsandbox"
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
+LAUNCH_FAILED = 125  # `run`: the command could not be started (why: RUN_DIR/TOKEN.failed)
+# Failures to start a command that may pass (a full pids cgroup, memory, descriptors).
+TRANSIENT = (errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.EINTR)
 
 # FRAME: type (1 byte), job id (4 bytes), payload length (4 bytes), payload.
 FRAME = struct.Struct(">BII")
@@ -82,6 +89,79 @@ def prctl(option: int, value: int) -> bool:
 
 def set_subreaper() -> bool:
     return prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+class LaunchFailed(Exception):
+    """We could not start the command (it never ran); ``record`` says why: b"1" (may pass:
+    retryable) or b"0", then a message."""
+
+    def __init__(self, record: bytes) -> None:
+        super().__init__(record)
+        self.record = record
+
+
+def failure_record(step: str, exc: BaseException, transient: bool = False) -> bytes:
+    reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    transient = transient or getattr(exc, "errno", None) in TRANSIENT
+    return (b"1" if transient else b"0") + (step + ": " + reason).encode(errors="replace")[:1000]
+
+
+def read_all(fd: int) -> bytes:
+    data = b""
+    while True:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return data
+        data += chunk
+
+
+def spawn(
+    argv: "List[str]",
+    cwd: str,
+    uid: int,
+    gid: int,
+    env: "Optional[Dict[str, str]]",
+    stdin: "Optional[int]",
+    close: "Tuple[int, ...]" = (),
+) -> int:
+    """Fork and exec the command; return its pid once it runs (or failed as a command does:
+    not found, bad cwd). Raise LaunchFailed if we could not start it.
+
+    ``stdin``: the fd the command reads (None: /dev/null; -1: keep ours); ``close``:
+    inheritable fds the command must not hold. The child reports a failure of ours on a
+    pipe that its exec closes (Python's pipes are close-on-exec), so an empty read means
+    the command runs.
+    """
+    report_r, report_w = os.pipe()
+    try:
+        child = os.fork()
+    except OSError as exc:
+        os.close(report_r)
+        os.close(report_w)
+        raise LaunchFailed(failure_record("fork", exc)) from None
+    if child == 0:
+        step = "set up stdin"
+        try:
+            os.close(report_r)
+            for fd in close:
+                os.close(fd)
+            if stdin != -1:
+                source = os.open(os.devnull, os.O_RDONLY) if stdin is None else stdin
+                os.dup2(source, 0)
+                os.close(source)
+        except BaseException as exc:  # noqa: BLE001 - a forked child: report, never return
+            os.write(report_w, failure_record(step, exc))
+            os._exit(LAUNCH_FAILED)
+        exec_command(argv, cwd, uid, gid, env, report_w)
+    os.close(report_w)
+    try:
+        record = read_all(report_r)
+    finally:
+        os.close(report_r)
+    if record:
+        os.waitpid(child, 0)  # it exits at once
+        raise LaunchFailed(record)
+    return child
 
 
 def oom_kills() -> int:
@@ -170,46 +250,75 @@ def feed_stdin(fd: int, remaining: int) -> None:
 
 
 def run(token: str, uid: int, gid: int, stdin_bytes: int, cwd: str, argv: "List[str]") -> None:
-    try:
-        os.makedirs(RUN_DIR, 0o700)
-    except OSError as exc:
-        if exc.errno != errno.EEXIST:
-            raise
-    path = pidfile(token)
-    with open(path, "w") as f:
-        f.write(str(os.getpid()))
-    set_subreaper()
-    pipe: Optional[Tuple[int, int]] = os.pipe() if stdin_bytes > 0 else None
-    child = os.fork()
-    if child == 0:
-        if pipe is None:
-            source = os.open(os.devnull, os.O_RDONLY)
-        else:
-            source = pipe[0]
-            os.close(pipe[1])
-        os.dup2(source, 0)
-        os.close(source)
-        exec_command(argv, cwd, uid, gid, None)
+    path: Optional[str] = None
+    step = "create " + RUN_DIR
 
     def on_term(signum: int, frame: object) -> None:
         kill_tree()
-        with suppress(OSError):
-            os.unlink(path)
+        if path is not None:
+            with suppress(OSError):
+                os.unlink(path)
         os._exit(137)
 
-    signal.signal(signal.SIGTERM, on_term)
+    try:
+        try:
+            os.makedirs(RUN_DIR, 0o700)
+        except OSError as exc:
+            if exc.errno != errno.EEXIST:
+                raise
+        path = pidfile(token)
+        step = "write " + path
+        with open(path, "w") as f:
+            f.write(str(os.getpid()))
+        signal.signal(signal.SIGTERM, on_term)  # before the fork: `kill TOKEN` may come now
+        set_subreaper()
+        pipe: Optional[Tuple[int, int]] = None
+        if stdin_bytes > 0:
+            step = "stdin"
+            pipe = os.pipe()
+            import threading
+            import warnings
+
+            # Started before the command, so that a failure to start it is ours to report.
+            # The fork below is then one of a threaded process, which Python >= 3.12 warns
+            # about on the command's stderr; the child only execs (no lock to deadlock on).
+            warnings.filterwarnings("ignore", "This process", DeprecationWarning)
+            feeder = threading.Thread(target=feed_stdin, args=(pipe[1], stdin_bytes), daemon=True)
+            try:
+                feeder.start()
+            except RuntimeError as exc:  # "can't start new thread": no task left to clone
+                raise LaunchFailed(failure_record("start a thread", exc, transient=True)) from None
+        # (The feeder's end of the pipe is close-on-exec: the command never holds it, and
+        # sees EOF once the feeder is done, maybe before this fork.)
+        child = spawn(argv, cwd, uid, gid, None, None if pipe is None else pipe[0])
+    except LaunchFailed as failure:
+        launch_failed(token, path, failure.record)
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the command never ran
+        launch_failed(token, path, failure_record(step, exc))
     if pipe is not None:
         os.close(pipe[0])
-        import threading
-
-        threading.Thread(target=feed_stdin, args=(pipe[1], stdin_bytes), daemon=True).start()
     _, status = os.waitpid(child, 0)
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
     # The command owns what it started: nothing it left behind outlives it.
     kill_tree()
     with suppress(OSError):
-        os.unlink(path)
+        os.unlink(pidfile(token))
     os._exit(code)
+
+
+def launch_failed(token: str, path: "Optional[str]", record: bytes) -> "NoReturn":
+    """``run`` could not start the command: say why where only root can write, and exit
+    LAUNCH_FAILED (never returns)."""
+    try:
+        with open(os.path.join(RUN_DIR, token + ".failed"), "wb") as f:
+            f.write(record)
+    except OSError:
+        pass  # the host then sees the exit status alone
+    if path is not None:
+        with suppress(OSError):
+            os.unlink(path)
+    os.write(2, b"asyncsandbox: the command could not be started: " + record[1:] + b"\n")
+    os._exit(LAUNCH_FAILED)
 
 
 def kill(token: str) -> int:
@@ -236,14 +345,26 @@ def kill(token: str) -> int:
 
 
 def exec_command(
-    argv: "List[str]", cwd: str, uid: int, gid: int, env: "Optional[Dict[str, str]]"
+    argv: "List[str]",
+    cwd: str,
+    uid: int,
+    gid: int,
+    env: "Optional[Dict[str, str]]",
+    report: int,
 ) -> None:
-    """In a forked child with its stdio in place: become the command (never returns)."""
+    """In a forked child with its stdio in place: become the command (never returns).
+
+    A command that cannot start is an exit status as a shell gives it (bad cwd, not
+    executable: 126; not found: 127). A failure of ours (the user switch, a transient
+    EAGAIN from exec) is written to ``report`` instead, and the child exits LAUNCH_FAILED.
+    """
+    step = "set up the session"
     try:
         os.setsid()
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         if uid >= 0 and os.getuid() == 0:
+            step = "switch to uid " + str(uid)
             os.setgroups([])
             os.setgid(gid)
             os.setuid(uid)
@@ -252,6 +373,7 @@ def exec_command(
         except OSError as exc:
             os.write(2, f"cannot change to directory {cwd}: {exc.strerror}\n".encode())
             os._exit(126)
+        step = "exec " + argv[0]
         try:
             if env is None:
                 os.execvp(argv[0], argv)
@@ -260,14 +382,20 @@ def exec_command(
             os.write(2, f"{argv[0]}: command not found\n".encode())
             os._exit(127)
         except OSError as exc:
+            if exc.errno in TRANSIENT:
+                raise  # the program is there: we could not start it now
             os.write(2, f"{argv[0]}: {exc.strerror}\n".encode())
             os._exit(126)
+    except BaseException as exc:  # noqa: BLE001 - a forked child: report, never return
+        with suppress(OSError):
+            os.write(report, failure_record(step, exc))
     finally:
-        os._exit(126)
+        os._exit(LAUNCH_FAILED)
 
 
 def shepherd(spec: "Dict[str, object]", uid: int, gid: int) -> None:
-    """In a forked child of the executor, fds 0-3 set: run one command and report on fd 3."""
+    """In a forked child of the executor, fds 0-3 set: run one command and report on fd 3
+    how it ended, or that it could not be started (``launch_error``)."""
     os.closerange(4, 65536)
     set_subreaper()
     status: Dict[str, object] = {"returncode": 137, "signal": 9, "oom": False}
@@ -281,13 +409,20 @@ def shepherd(spec: "Dict[str, object]", uid: int, gid: int) -> None:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
-    env = dict(os.environ)
-    env.update(spec["env"])  # type: ignore[call-overload]
-    before = oom_kills()
-    child = os.fork()
-    if child == 0:
-        os.close(3)
-        exec_command(spec["argv"], str(spec["cwd"]), uid, gid, env)  # type: ignore[arg-type]
+    try:
+        env = dict(os.environ)
+        env.update(spec["env"])  # type: ignore[call-overload]
+        before = oom_kills()
+        argv: List[str] = spec["argv"]  # type: ignore[assignment]
+        child = spawn(argv, str(spec["cwd"]), uid, gid, env, -1, (3,))
+    except LaunchFailed as failure:
+        status = launch_error(failure.record)
+        report()
+        os._exit(0)
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the command never ran
+        status = launch_error(failure_record("prepare", exc))
+        report()
+        os._exit(0)
     # The command's stdio belongs to the command's tree alone: EOF means it is all gone.
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
@@ -302,6 +437,11 @@ def shepherd(spec: "Dict[str, object]", uid: int, gid: int) -> None:
     }
     report()
     os._exit(0)
+
+
+def launch_error(record: bytes) -> "Dict[str, object]":
+    """The status of a command that could not be started (see LaunchFailed)."""
+    return {"launch_error": record[1:].decode(errors="replace"), "retryable": record[:1] == b"1"}
 
 
 class Job:
@@ -353,11 +493,23 @@ class Executor:
                         self.selector.register(fd, selectors.EVENT_READ, job_id)
 
     def start(self, job_id: int, spec: "Dict[str, object]") -> None:
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        st_r, st_w = os.pipe()
-        in_r, in_w = os.pipe() if spec.get("stdin") else (None, None)
-        pid = os.fork()
+        """Fork the command's shepherd. Raises OSError (nothing left open) if it cannot."""
+        opened: List[int] = []
+        try:
+            out_r, out_w = os.pipe()
+            opened += (out_r, out_w)
+            err_r, err_w = os.pipe()
+            opened += (err_r, err_w)
+            st_r, st_w = os.pipe()
+            opened += (st_r, st_w)
+            in_r, in_w = os.pipe() if spec.get("stdin") else (None, None)
+            if in_r is not None and in_w is not None:
+                opened += (in_r, in_w)
+            pid = os.fork()
+        except OSError:
+            for leftover in opened:
+                os.close(leftover)
+            raise
         if pid == 0:
             try:
                 os.dup2(os.open(os.devnull, os.O_RDONLY) if in_r is None else in_r, 0)
@@ -365,8 +517,12 @@ class Executor:
                 os.dup2(err_w, 2)
                 os.dup2(st_w, 3)
                 shepherd(spec, self.uid, self.gid)
+            except BaseException as exc:  # noqa: BLE001 - a forked child: report, never return
+                with suppress(OSError):
+                    failure = launch_error(failure_record("prepare the shepherd", exc))
+                    os.write(st_w, json.dumps(failure).encode())
             finally:
-                os._exit(126)
+                os._exit(LAUNCH_FAILED)
         for fd in (out_w, err_w, st_w, in_r):
             if fd is not None:
                 os.close(fd)
@@ -418,13 +574,21 @@ class Executor:
         # with one of them still registered would leave an fd that polls ready forever.
         if job.streams or job.status_fd is not None:
             return
-        os.waitpid(job.pid, 0)
+        _, code = os.waitpid(job.pid, 0)
         if job.stdin is not None:
             with suppress(KeyError):
                 self.selector.unregister(job.stdin)
             os.close(job.stdin)
         del self.jobs[job_id]
-        self.send(EXIT, job_id, job.status or b"")  # empty: the shepherd died unheard
+        if not job.status:  # the shepherd died unheard: say how
+            signaled = os.WIFSIGNALED(code)
+            lost = {
+                "lost": ("killed by signal " if signaled else "exited with status ")
+                + str(os.WTERMSIG(code) if signaled else os.WEXITSTATUS(code)),
+                "signal": os.WTERMSIG(code) if signaled else None,
+            }
+            job.status = json.dumps(lost).encode()
+        self.send(EXIT, job_id, job.status)
 
     def on_host_frames(self) -> bool:
         data = os.read(0, 1 << 18)
@@ -441,7 +605,8 @@ class Executor:
                 try:
                     self.start(job_id, json.loads(payload))
                 except (OSError, ValueError) as exc:
-                    self.send(FAILED, job_id, str(exc).encode())
+                    failure = launch_error(failure_record("start a shepherd", exc))
+                    self.send(FAILED, job_id, json.dumps(failure).encode())
             elif kind in (STDIN, STDIN_EOF):
                 self.feed(job_id, payload, kind == STDIN_EOF)
             elif kind == KILL:

@@ -17,13 +17,13 @@ from typing import Any, Literal, Self
 import aiohttp
 import anyio
 import anyio.abc
-import structlog
 from anyio import TypedAttributeSet, typed_attribute
 
 from asyncsandbox import (
     BackendUnavailable,
     FileErrorReason,
     InvalidArgument,
+    LaunchError,
     SandboxDied,
     SandboxError,
     SandboxFileError,
@@ -42,12 +42,15 @@ from asyncsandbox.abc import (
     ShellFiles,
     ShellProcess,
 )
+from asyncsandbox.log import get_logger
 
 from . import _tar
 from ._engine import Engine
 from ._executor import Executor, ShellJob
 
 __all__ = ("DockerAttributes", "DockerBackend")
+
+log = get_logger("asyncsandbox.docker")
 
 AGENT = files(__package__).joinpath("_agent.py").read_text()
 OWNER_LABEL = "asyncsandbox.owner"
@@ -57,6 +60,11 @@ OOM_EVENT_GRACE = 0.5
 FOREVER = "2147483647"  # seconds; `sleep infinity` is not universal
 MODE_DIR = 1 << 31  # Go's os.ModeDir, as in X-Docker-Container-Path-Stat
 MODE_SYMLINK = 1 << 27
+# The Engine API path's shepherd (``_agent.py run``): where it records a command it could not
+# start, and the exit status that says to look there.
+RUN_DIR = "/run/asyncsandbox"
+LAUNCH_FAILED = 125
+MAX_FAILURE_ARCHIVE = 64 * 1024
 _STATES = {
     "created": SandboxStatus.CREATING,
     "running": SandboxStatus.RUNNING,
@@ -70,10 +78,6 @@ _STATES = {
 _ROOT_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP"]
 # Otherwise root (the agent, the idle main process) needs only to manage the user's processes.
 _AGENT_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
-
-
-def log() -> Any:
-    return structlog.get_logger("asyncsandbox.docker")
 
 
 class DockerAttributes(TypedAttributeSet):
@@ -153,7 +157,7 @@ class DockerBackend(Backend):
 
     async def __aenter__(self) -> Self:
         info = await self.engine.open()
-        log().debug(
+        log.debug(
             "docker.connected",
             version=info.get("ServerVersion"),
             host=self.engine.docker.docker_host,
@@ -190,7 +194,7 @@ class DockerBackend(Backend):
                             self._oom_seen.set()
                             self._oom_seen = anyio.Event()
             except (SandboxError, aiohttp.ClientError, OSError, ValueError) as exc:
-                log().debug("docker.events.reconnect", error=repr(exc))
+                log.debug("docker.events.reconnect", error=repr(exc))
             await anyio.sleep(1.0)
 
     async def _oom_after(self, name: str, before: int) -> bool:
@@ -215,7 +219,7 @@ class DockerBackend(Backend):
         name, _, tag = (
             image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
         )
-        log().info("docker.image.pull", image=image)
+        log.info("docker.image.pull", image=image)
         try:
             async with self.engine.raw(
                 "POST",
@@ -229,7 +233,7 @@ class DockerBackend(Backend):
                     event = json.loads(line)
                     if "error" in event:
                         raise _pull_error(image, str(event["error"]))
-                    log().debug(
+                    log.debug(
                         "docker.image.pull.progress",
                         image=image,
                         status=event.get("status"),
@@ -239,7 +243,7 @@ class DockerBackend(Backend):
             if isinstance(exc, InvalidArgument):
                 raise
             raise _pull_error(image, str(exc)) from exc
-        log().info("docker.image.pulled", image=image)
+        log.info("docker.image.pulled", image=image)
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         image = spec.image or self.default_image
@@ -320,7 +324,7 @@ class DockerBackend(Backend):
                 await self._put(name, "/", dirs)
             await self.engine.call("POST", f"containers/{name}/start", sandbox_id=name)
             if executor is not None and not await executor.wait_ready():
-                raise _executor_error(image, executor.failure)
+                raise _executor_error(image, await self._executor_failure(name, executor))
         except BaseException:
             # Shielded: a failed or cancelled create must not leave a container behind.
             with anyio.CancelScope(shield=True):
@@ -329,6 +333,21 @@ class DockerBackend(Backend):
                 await self._force_remove(name)
             raise
         return DockerSandbox(self, name, image, spec.labels, executor)
+
+    async def _executor_failure(self, name: str, executor: Executor) -> str | None:
+        """Why the executor of container ``name`` did not start. Its stderr says why, but
+        Docker 20.10's attach may lose the last output of a container that exits at once:
+        then Docker's init's exit status (127: it found no ``python3`` to run) says it."""
+        failure = executor.failure
+        if failure not in (None, "the executor exited"):
+            return failure
+        try:
+            state = (await self.engine.call("GET", f"containers/{name}/json"))["State"]
+        except (SandboxError, KeyError):
+            return failure
+        if not state.get("Running") and state.get("ExitCode") == 127:
+            return "exec python3 failed: not found (the container's init exited 127)"
+        return failure
 
     async def _put(self, name: str, path: str, body: bytes | AsyncIterable[bytes]) -> None:
         if isinstance(body, bytes):
@@ -354,7 +373,7 @@ class DockerBackend(Backend):
         except SandboxError as exc:
             if "already in progress" in str(exc):
                 return True
-            log().warning("docker.remove.failed", sandbox_id=name, error=str(exc))
+            log.warning("docker.remove.failed", sandbox_id=name, error=str(exc))
             return False
         return True
 
@@ -510,7 +529,12 @@ class DockerSandbox(ShellFiles, SandboxHandle):
                 self._lost = exc
                 raise
             except BackendUnavailable as exc:
-                raise await self._died(exc) from exc
+                # Shielded (each call it makes has a deadline): the exec may be cancelled
+                # (its timeout), and a cancelled diagnosis would let the cancellation pass
+                # this failure off as a timeout, the command's own outcome.
+                with anyio.CancelScope(shield=True):
+                    died = await self._died(exc)
+                raise died from exc
             if status.signal == 9 and not oom:  # the executor could not read the cgroup
                 oom = await self._backend._oom_after(self._name, oom_before)
             return ExitStatus(returncode=status.returncode, signal=status.signal, oom_killed=oom)
@@ -587,15 +611,18 @@ class DockerSandbox(ShellFiles, SandboxHandle):
                 raise await self._engine._diagnose("exec start", self._name) from None
             except (aiohttp.ClientError, OSError, RuntimeError) as exc:
                 raise BackendUnavailable(f"the exec stream broke: {exc}", retryable=False) from exc
-        except BaseException:
+        except BaseException as exc:
             # Shielded and bounded: the command's whole tree must die before we re-raise.
             with anyio.CancelScope(shield=True):
                 await stream.close()
-                if not await self._kill(token):
-                    self._lost = SandboxDied(self._name, "lost: a command could not be killed")
-                    log().warning(
-                        "docker.sandbox.lost", sandbox_id=self._name, reason="kill failed"
-                    )
+                killed = await self._kill(token)
+            if not killed:
+                self._lost = SandboxDied(self._name, "lost: a command could not be killed")
+                log.warning("docker.sandbox.lost", sandbox_id=self._name, reason="kill failed")
+                if isinstance(exc, anyio.get_cancelled_exc_class()):
+                    # Not the cancellation: it would pass the command off as killed (and its
+                    # timeout as its own outcome), while it may still run.
+                    raise self._lost from None
             raise
         finally:
             with anyio.CancelScope(shield=True):
@@ -607,17 +634,24 @@ class DockerSandbox(ShellFiles, SandboxHandle):
         code = result.get("ExitCode")
         if code is None or result.get("Running"):
             raise await self._died(SandboxDied(self._name, "the command's exit status was lost"))
-        if (
-            code in (126, 127)
-            and first is not None
-            and b'"python3": executable file not found' in first
-        ):
-            raise InvalidArgument(
-                f"image {self._image!r} has no python3, which the docker backend needs in the "
-                "image to control process trees"
-            )
-        if code == 126 and first is not None and b"OCI runtime exec failed" in first:
-            raise await self._died(SandboxDied(self._name, first.decode(errors="replace").strip()))
+        if not result.get("Pid"):
+            # Docker could not start our shepherd at all: no process ever ran, so the output
+            # is Docker's own (a command printing the same text cannot get here).
+            said = (first or b"").decode(errors="replace").strip()
+            if '"python3": executable file not found' in said:
+                raise InvalidArgument(
+                    f"image {self._image!r} has no python3, which the docker backend needs in "
+                    "the image to control process trees"
+                )
+            probe = SandboxDied(self._name, said)
+            died = await self._died(probe)
+            if died is not probe:
+                raise died  # it could not start because the container is gone
+            raise LaunchError(f"sandbox {self._name}: Docker could not start the command: {said}")
+        if code == LAUNCH_FAILED:
+            failure = await self._launch_failure(token)
+            if failure is not None:
+                raise failure
         oom = code == 137 and await backend._oom_after(self._name, oom_before)
         if code >= 128 and not oom:
             # Killed by a signal: maybe with its whole container (`docker kill`, a daemon
@@ -627,6 +661,40 @@ class DockerSandbox(ShellFiles, SandboxHandle):
             if died is not probe:
                 raise died
         return ExitStatus(returncode=int(code), oom_killed=oom)
+
+    async def _launch_failure(self, token: str) -> LaunchError | None:
+        """Why the shepherd run under ``token`` could not start its command, if it could not
+        (it exited LAUNCH_FAILED and wrote ``RUN_DIR/TOKEN.failed``; a command exiting with
+        that status is not one). Only root writes there: the record is read from the
+        container's filesystem by the daemon, and trusted only if root owns it."""
+        path = f"{RUN_DIR}/{token}.failed"
+        try:
+            async with self._engine.raw(
+                "GET",
+                f"containers/{self._name}/archive",
+                params={"path": path},
+                sandbox_id=self._name,
+                file_path=path,
+            ) as response:
+                archive = await response.content.read(MAX_FAILURE_ARCHIVE)
+        except SandboxFileError:
+            return None  # no record: the command's own exit status
+        except SandboxError as exc:
+            raise await self._died(exc) from exc
+        try:
+            with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+                member = tar.next()
+                data = tar.extractfile(member) if member is not None else None
+                if member is None or data is None or member.uid != 0:
+                    return None
+                record = data.read()
+        except tarfile.TarError:
+            return None
+        message = record[1:].decode(errors="replace")
+        return LaunchError(
+            f"sandbox {self._name}: the command could not be started: {message}",
+            retryable=record[:1] == b"1",
+        )
 
     async def _kill(self, token: str) -> bool:
         """Kill the command run under ``token`` (and its whole tree). True once confirmed."""
@@ -645,7 +713,7 @@ class DockerSandbox(ShellFiles, SandboxHandle):
                     "GET", f"exec/{exec_id}/json", sandbox_id=self._name
                 )
                 if result.get("ExitCode") != 0:
-                    log().warning(
+                    log.warning(
                         "docker.kill.failed",
                         sandbox_id=self._name,
                         exit_code=result.get("ExitCode"),
@@ -654,7 +722,7 @@ class DockerSandbox(ShellFiles, SandboxHandle):
             except SandboxDied:
                 return True  # the container is gone, and every process with it
             except (SandboxError, aiohttp.ClientError, OSError, RuntimeError) as exc:
-                log().warning("docker.kill.failed", sandbox_id=self._name, error=repr(exc))
+                log.warning("docker.kill.failed", sandbox_id=self._name, error=repr(exc))
                 return False
         return False
 
@@ -805,7 +873,7 @@ class DockerSandbox(ShellFiles, SandboxHandle):
             await self._executor.aclose()
         if self._lost is not None:
             # It stopped answering: another call would hang too. The sweep will retry.
-            log().warning(
+            log.warning(
                 "docker.sandbox.left_for_sweep", sandbox_id=self._name, reason=self._lost.reason
             )
             return

@@ -11,8 +11,9 @@ that container is lost (:class:`SandboxDied`); if not, the daemon is (:class:`Ba
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+import os
+from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import aiodocker
@@ -33,6 +34,10 @@ from asyncsandbox import (
 )
 
 INFO_DEADLINE = 10.0
+START_HINT = (
+    "Start the Docker daemon (`sudo systemctl start docker`, or `dockerd`), or point "
+    "DOCKER_HOST (or DockerBackend(url=...)) at one that runs"
+)
 
 # Daemon answers that mean "busy, try again" rather than "no".
 _OVERLOADED = ("too many open files", "resource temporarily unavailable", "try again later")
@@ -42,7 +47,9 @@ class Engine:
     """A connection pool to one Docker daemon."""
 
     def __init__(self, url: str | None, *, call_deadline: float, max_connections: int) -> None:
-        self._url = url
+        # DOCKER_HOST wins over a docker context, as for the docker CLI (aiodocker would
+        # read a context first).
+        self._url = url if url is not None else (os.environ.get("DOCKER_HOST") or None)
         self.call_deadline = call_deadline
         self._max_connections = max_connections
         self._docker: aiodocker.Docker | None = None
@@ -60,10 +67,11 @@ class Engine:
         """Connect and check that the daemon answers ``info``; return that answer."""
         try:
             docker = aiodocker.Docker(url=self._url)
-        except (ValueError, OSError) as exc:
-            raise BackendUnavailable(
-                f"no Docker daemon to connect to: {exc}", retryable=False
-            ) from exc
+        except (ValueError, OSError, AssertionError, aiodocker.DockerError) as exc:
+            # With no DOCKER_HOST and no socket where it looks, aiodocker fails an assert
+            # (AssertionError; ValueError under python -O); a broken docker context is a
+            # DockerError.
+            raise BackendUnavailable(_no_engine(self._url, exc), retryable=False) from exc
         # aiodocker's own connector is unbounded; bound the pool (hijacked exec streams count).
         connector = docker.session.connector
         if connector is not None:
@@ -84,10 +92,8 @@ class Engine:
     async def info(self, deadline: float = INFO_DEADLINE) -> dict[str, Any]:
         """``GET /info``: the health check that notices a wedged daemon (``/_ping`` does not)."""
         with anyio.move_on_after(deadline):
-            try:
+            with _mapped("info"):
                 result: dict[str, Any] = await self.docker._query_json("info")
-            except aiodocker.DockerError as exc:
-                raise _translate(exc, "info") from exc
             self.wedged = False
             return result
         self.wedged = True
@@ -123,16 +129,10 @@ class Engine:
         """One JSON call, bounded by ``deadline`` (default: the backend's call deadline)."""
         limit = self.call_deadline if deadline is None else deadline
         with anyio.move_on_after(limit):
-            try:
+            with _mapped(f"{method} {path}", sandbox_id, file_path):
                 result = await self.docker._query_json(
                     path, method, params=_params(params), data=body
                 )
-            except aiodocker.DockerError as exc:
-                raise _translate(exc, f"{method} {path}", sandbox_id, file_path) from exc
-            except (aiohttp.ClientError, OSError) as exc:
-                raise BackendUnavailable(
-                    f"Docker connection failed: {exc}", retryable=True
-                ) from exc
             self.wedged = False
             return result
         raise await self._diagnose(f"{method} {path}", sandbox_id)
@@ -150,28 +150,25 @@ class Engine:
         headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """A streaming call: the deadline covers the answer's headers, not the transfer."""
-        with anyio.move_on_after(self.call_deadline) as scope:
-            try:
-                response = await self.docker._do_query(
-                    path,
-                    method,
-                    params=_params(params),
-                    data=body,
-                    headers=dict(headers or {"Content-Type": "application/x-tar"}),
-                    timeout=None,
-                )
-            except aiodocker.DockerError as exc:
-                raise _translate(exc, f"{method} {path}", sandbox_id, file_path) from exc
-            except (aiohttp.ClientError, OSError) as exc:
-                raise BackendUnavailable(
-                    f"Docker connection failed: {exc}", retryable=True
-                ) from exc
+        what = f"{method} {path}"
+        with anyio.move_on_after(self.call_deadline) as scope, _mapped(what, sandbox_id, file_path):
+            response = await self.docker._do_query(
+                path,
+                method,
+                params=_params(params),
+                data=body,
+                headers=dict(headers or {"Content-Type": "application/x-tar"}),
+                timeout=None,
+            )
         if scope.cancelled_caught:
-            raise await self._diagnose(f"{method} {path}", sandbox_id)
+            raise await self._diagnose(what, sandbox_id)
         try:
             yield response
         except (aiohttp.ClientError, OSError) as exc:
-            raise BackendUnavailable(f"Docker connection failed: {exc}", retryable=False) from exc
+            # The transfer broke after the answer began: not retryable (it did something).
+            raise BackendUnavailable(
+                f"Docker connection failed ({what}): {exc}", retryable=False
+            ) from exc
         finally:
             response.close()
 
@@ -181,23 +178,20 @@ class Engine:
         """A ``HEAD`` call's answer headers (aiodocker cannot: it parses error bodies)."""
         docker = self.docker
         with anyio.move_on_after(self.call_deadline):
-            try:
+            with _mapped(f"HEAD {path}", sandbox_id, file_path):
                 await docker._check_version()
                 url = docker._canonicalize_url(path, versioned_api=True)
                 async with docker.session.head(url, params=_params(params)) as response:
-                    if response.status == 404:
-                        text = response.headers.get("X-Docker-Error", "")  # absent on 20.10
-                        exists = await self._container_exists(sandbox_id)
-                        if not exists:
-                            raise SandboxNotFound(sandbox_id, f"container {sandbox_id!r} not found")
-                        raise SandboxFileError(FileErrorReason.NOT_FOUND, file_path, text or None)
-                    if response.status >= 400:
-                        raise BackendUnavailable(f"Docker failed HEAD {path} ({response.status})")
-                    return dict(response.headers)
-            except (aiohttp.ClientError, OSError) as exc:
-                raise BackendUnavailable(
-                    f"Docker connection failed: {exc}", retryable=True
-                ) from exc
+                    status, headers = response.status, dict(response.headers)
+            if status == 404:
+                text = headers.get("X-Docker-Error", "")  # absent on 20.10
+                if not await self._container_exists(sandbox_id):
+                    raise SandboxNotFound(sandbox_id, f"container {sandbox_id!r} not found")
+                raise SandboxFileError(FileErrorReason.NOT_FOUND, file_path, text or None)
+            if status >= 400:
+                raise BackendUnavailable(f"Docker failed HEAD {path} ({status})")
+            self.wedged = False
+            return headers
         raise await self._diagnose(f"HEAD {path}", sandbox_id)
 
     async def _container_exists(self, sandbox_id: str) -> bool:
@@ -235,6 +229,40 @@ def _params(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
+@contextmanager
+def _mapped(
+    what: str,
+    sandbox_id: str | None = None,
+    file_path: str | None = None,
+) -> Iterator[None]:
+    """The translation of aiodocker and aiohttp errors into asyncsandbox's tree, around
+    every request (a streamed answer's transfer is mapped in :meth:`Engine.raw`)."""
+    try:
+        yield
+    except aiodocker.DockerError as exc:
+        raise _translate(exc, what, sandbox_id, file_path) from exc
+    except (aiohttp.ClientError, OSError) as exc:
+        raise BackendUnavailable(
+            f"Docker connection failed ({what}): {exc}", retryable=True
+        ) from exc
+    except ValueError as exc:  # an answer that is not JSON: no Docker daemon sent it
+        raise BackendUnavailable(
+            f"an invalid answer to {what} (is it a Docker daemon?): {exc}", retryable=False
+        ) from exc
+
+
+def _no_engine(url: str | None, exc: BaseException) -> str:
+    """Why ``aiodocker.Docker(url)`` could not even be made, and what to do."""
+    if isinstance(exc, aiodocker.DockerError):
+        return f"no Docker engine to connect to: the client configuration is invalid: {exc.message}"
+    if url is None:
+        return (
+            "no Docker engine to connect to: DOCKER_HOST is not set and no socket exists at "
+            "/run/docker.sock, /var/run/docker.sock or ~/.docker/run/docker.sock. " + START_HINT
+        )
+    return f"no Docker engine to connect to: cannot use the address {url!r}: {exc}"
+
+
 def _translate(
     exc: aiodocker.DockerError,
     what: str,
@@ -244,7 +272,13 @@ def _translate(
     status, message = exc.status, str(exc.message)
     lowered = message.lower()
     if status == 900:  # aiodocker: cannot connect at all
-        return BackendUnavailable(f"cannot connect to Docker: {message}", retryable=True)
+        hint = START_HINT
+        if "permission denied" in lowered:
+            hint = "Run as root, or add your user to the 'docker' group"
+        return BackendUnavailable(
+            f"cannot connect to the Docker daemon: {message}. {hint}",
+            retryable=True,
+        )
     if status == 404 and sandbox_id is not None and "no such container" in lowered:
         return SandboxNotFound(sandbox_id, f"container {sandbox_id!r} not found")
     if file_path is not None:

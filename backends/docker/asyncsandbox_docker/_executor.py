@@ -20,12 +20,18 @@ from typing import Any
 import aiohttp
 import anyio
 import anyio.abc
-import structlog
 from aiodocker.stream import Stream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from asyncsandbox import BackendUnavailable, SandboxDied, SandboxError
+from asyncsandbox import (
+    BackendUnavailable,
+    InfrastructureError,
+    LaunchError,
+    SandboxDied,
+    SandboxError,
+)
 from asyncsandbox.abc import ExitStatus, OutputCallback
+from asyncsandbox.log import get_logger
 
 from ._engine import Engine
 
@@ -37,10 +43,42 @@ KILL_DEADLINE = 10.0
 CHUNK = 256 * 1024
 
 _KILLED = {"returncode": 137, "signal": 9, "oom": False}
+SIGKILL = 9
+
+log = get_logger("asyncsandbox.docker")
 
 
-def log() -> Any:
-    return structlog.get_logger("asyncsandbox.docker")
+def _status(payload: bytes) -> dict[str, Any]:
+    """A job's end as the executor reported it: the command's exit status (``returncode``,
+    ``signal``, ``oom``), or ``launch_error`` (it never ran), or ``lost`` (its shepherd died
+    without a word: how)."""
+    try:
+        status = json.loads(payload)
+    except ValueError:
+        status = None
+    if not isinstance(status, dict):
+        return {"lost": f"sent an unreadable status {payload[:200]!r}"}
+    if status.get("lost") is not None and status.get("signal") == SIGKILL:
+        # SIGKILLed: by the OOM killer (the command's tree exhausted its memory) or by a
+        # command running as root. The command's tree died with it: as before, that is
+        # the command's outcome (the host asks Docker about an OOM kill).
+        return dict(_KILLED)
+    return status
+
+
+def _no_exit_status(sandbox_id: str, status: dict[str, Any]) -> SandboxError:
+    """The error for a job that ended without the command's exit status."""
+    if "launch_error" in status:
+        return LaunchError(
+            f"sandbox {sandbox_id}: the command could not be started: {status['launch_error']}",
+            retryable=bool(status.get("retryable")),
+        )
+    # Only a crash of our own shepherd gets here (it reports every failure it can catch).
+    return InfrastructureError(
+        f"sandbox {sandbox_id}: the command's exit status was lost: its shepherd "
+        f"{status.get('lost', 'ended')} without reporting it",
+        retryable=False,
+    )
 
 
 class Job:
@@ -73,16 +111,13 @@ class Job:
             kind, payload = await self._frames.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise self._executor.broken() from None
-        if kind == EXIT:
-            try:
-                self.status = json.loads(payload) if payload else dict(_KILLED)
-            except ValueError:
-                self.status = dict(_KILLED)
+        if kind in (EXIT, FAILED):
+            # FAILED: the executor could not fork the command's shepherd. Either way the job
+            # is over (nothing to kill); a command that never ran has no exit status.
+            self.status = _status(payload)
+            if "returncode" not in self.status:
+                raise _no_exit_status(self._executor._sandbox_id, self.status)
             raise StopAsyncIteration
-        if kind == FAILED:
-            raise BackendUnavailable(
-                f"the sandbox's executor could not start the command: {payload.decode()}"
-            )
         return kind, payload
 
     async def wait(self) -> dict[str, Any]:
@@ -154,6 +189,7 @@ class Executor:
         self._ready = anyio.Event()
         self._failure: str | None = None
         self._closed = False
+        self._removing = False
         self._reading_since: float | None = None  # when the reader began waiting for bytes
 
     @property
@@ -245,7 +281,7 @@ class Executor:
         """Give up on an executor that stopped answering: fail every job waiting on it (the
         sandbox's commands take the Engine API path from now on) and say why."""
         self._give_up(f"the executor sent nothing for {self._engine.call_deadline:g}s")
-        log().warning("docker.executor.stalled", sandbox_id=self._sandbox_id)
+        log.warning("docker.executor.stalled", sandbox_id=self._sandbox_id)
         return await self._engine._diagnose("a file operation", self._sandbox_id)
 
     async def _send(self, kind: int, job_id: int, payload: bytes = b"") -> None:
@@ -284,12 +320,16 @@ class Executor:
         send, receive = anyio.create_memory_object_stream[tuple[int, bytes]](64)
         self._jobs[job_id] = send
         job = Job(self, job_id, receive)
-        sent = False
+        sent = cancelled = False
         try:
             spec = {"argv": list(argv), "cwd": cwd, "env": dict(env), "stdin": stdin}
             await self._send(START, job_id, json.dumps(spec).encode())
             sent = True
-            yield job
+            try:
+                yield job
+            except anyio.get_cancelled_exc_class():
+                cancelled = True
+                raise
         finally:
             try:
                 # Not sent (cancelled while waiting to write): the executor never heard of
@@ -308,7 +348,14 @@ class Executor:
                         raise SandboxDied(
                             self._sandbox_id, "lost: the executor did not kill a command"
                         )
-            finally:  # also when raising SandboxDied: the job's channels must not leak
+                if sent and job.status is None and cancelled and not self._removing:
+                    # Cancelled (the command's timeout, or the caller) and the executor no
+                    # longer answers: the command's end is unknown, and letting the
+                    # cancellation through would pass it off as killed (a timeout would be
+                    # scored as the command's). Say what happened instead. (Unless the
+                    # sandbox is being removed: the command ends with it.)
+                    raise self.broken()
+            finally:  # also when raising: the job's channels must not leak
                 del self._jobs[job_id]
                 send.close()
                 receive.close()
@@ -338,7 +385,8 @@ class Executor:
         )
 
     async def aclose(self) -> None:
-        self._closed = True
+        """Stop serving: the sandbox is being removed (its commands end with it)."""
+        self._closed = self._removing = True
         if self._stream is not None:
             with anyio.CancelScope(shield=True):
                 await self._stream.close()

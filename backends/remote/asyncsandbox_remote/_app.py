@@ -48,6 +48,7 @@ from asyncsandbox import (
     ExecTimeout,
     InfrastructureError,
     InvalidArgument,
+    LaunchError,
     Resources,
     Sandbox,
     SandboxClosed,
@@ -60,17 +61,17 @@ from asyncsandbox import (
     Session,
 )
 from asyncsandbox.abc import Backend
+from asyncsandbox.log import get_logger
 
 from . import _wire as w
 from ._config import ServerConfig, Tenant
-from ._log import get_logger
 from ._metrics import Metrics
 from ._openapi import OPERATIONS, openapi
 from ._served import ServedAttributes, ServedBackend
 
 __all__ = ("create_app",)
 
-log = get_logger()
+log = get_logger("asyncsandbox.remote")
 
 T = TypeVar("T")
 
@@ -149,6 +150,11 @@ def error_for(exc: SandboxError, sandbox_id: str | None = None) -> HttpError:
         return HttpError(503, "backend_unavailable", message, retryable=exc.retryable)
     if isinstance(exc, BackendTimeout):
         return HttpError(504, "backend_timeout", message, detail=exc.operation)
+    if isinstance(exc, LaunchError):
+        # The command never ran: the client raises LaunchError, never an exit status.
+        return HttpError(
+            502, "launch_error", message, sandbox_id=sandbox_id, retryable=exc.retryable
+        )
     if isinstance(exc, InfrastructureError):
         return HttpError(502, "infrastructure_error", message, retryable=exc.retryable)
     return HttpError(500, "internal_error", f"{type(exc).__name__}: {message}")

@@ -30,6 +30,7 @@ from asyncsandbox import (
     FileErrorReason,
     InfrastructureError,
     InvalidArgument,
+    LaunchError,
     SandboxDied,
     SandboxError,
     SandboxFileError,
@@ -46,9 +47,9 @@ from asyncsandbox.abc import (
     SandboxHandle,
     SandboxSpec,
 )
+from asyncsandbox.log import get_logger
 
 from . import _wire as w
-from ._log import get_logger
 
 __all__ = ("RemoteAttributes", "RemoteBackend")
 
@@ -58,7 +59,7 @@ CLEANUP_DEADLINE = 10.0
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 JSON_HEADERS = {"content-type": "application/json"}
 
-log = get_logger()
+log = get_logger("asyncsandbox.remote")
 
 
 class RemoteAttributes(TypedAttributeSet):
@@ -108,6 +109,11 @@ def _mapped(
         return SandboxOOMKilled(sid, (body.reason if body else None) or "out of memory")
     if code == "sandbox_died" or status == 410:
         return SandboxDied(sid, (body.reason if body else None) or message)
+    if code == "launch_error" and body is not None:
+        return LaunchError(
+            f"the sandbox server could not start the command: {message}",
+            retryable=body.retryable,
+        )
     if status in (400, 413, 422) or code in ("invalid_argument", "request_too_large"):
         return InvalidArgument(f"the sandbox server refused the request: {message}")
     if status == 429:
@@ -621,7 +627,7 @@ class RemoteSandbox(SandboxHandle):
             w.ExecRequest(argv=list(argv), cwd=cwd, env=dict(env), stdin=stdin, exec_id=exec_id)
         )
         status: ExitStatus | None = None
-        refused = False
+        refused = cancelled = False
         try:
             async with api.stream(
                 "POST",
@@ -635,10 +641,14 @@ class RemoteSandbox(SandboxHandle):
         except SandboxError as exc:
             refused = status is None and not isinstance(exc, BackendUnavailable)
             raise _died(exc) from exc.__cause__
+        except anyio.get_cancelled_exc_class():
+            cancelled = True
+            raise
         finally:
             if status is None and not refused:
                 # Cancelled (or the link broke) while the command may run: kill it by id and
                 # wait until the server says its process tree is gone (shielded, bounded).
+                unconfirmed: str | None = "no answer"
                 with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE):
                     try:
                         await api.call(
@@ -648,14 +658,27 @@ class RemoteSandbox(SandboxHandle):
                             retry=True,
                             sandbox_id=self._id,
                         )
+                        unconfirmed = None
+                    except SandboxNotFound:
+                        unconfirmed = None  # the sandbox is gone, and the command with it
                     except SandboxError as exc:
                         log.debug("remote.exec.cancel_failed", error=str(exc))
+                        unconfirmed = str(exc)
+                if cancelled and unconfirmed is not None:
+                    # Not the cancellation: it would pass the command off as killed (and
+                    # its timeout as its own outcome), while it may still run.
+                    raise BackendUnavailable(
+                        f"the sandbox server at {self._backend.base_url} did not confirm that "
+                        f"the command was killed ({unconfirmed}); it may still run",
+                        retryable=False,
+                    )
         assert status is not None
         return status
 
     async def _frames(self, response: httpx.Response, on_output: OutputCallback) -> ExitStatus:
         buffer = bytearray()
         status: ExitStatus | None = None
+        error: SandboxError | None = None
         try:
             raw = cast(AsyncGenerator[bytes, None], response.aiter_raw())
             async with aclosing(raw) as chunks:
@@ -666,14 +689,24 @@ class RemoteSandbox(SandboxHandle):
                         line = bytes(buffer[start:end])
                         start = end + 1
                         if line:
-                            status = await self._frame(line, on_output) or status
+                            ended = await self._frame(line, on_output)
+                            if isinstance(ended, ExitStatus):
+                                status = ended
+                            elif ended is not None:
+                                error = ended
                     del buffer[:start]
                     if len(buffer) > MAX_FRAME_BYTES:
                         raise InfrastructureError("the server sent an exec frame over 64 MiB")
         except httpx.HTTPError as exc:
+            if error is not None:
+                raise error from None
             if status is not None:
                 return status  # the command's end arrived; only the connection's end was lost
             raise _transport_error(exc, self._backend.base_url, "exec") from exc
+        # Raised once the stream was read to its end (the error frame is the last one): the
+        # connection is reused, and nothing of it is left to the garbage collector.
+        if error is not None:
+            raise error
         if status is None:
             raise InfrastructureError(
                 "the sandbox server ended the exec stream without the command's exit status",
@@ -682,7 +715,11 @@ class RemoteSandbox(SandboxHandle):
         # Read to its end (the exit frame is the last one), so the connection is reused.
         return status
 
-    async def _frame(self, line: bytes, on_output: OutputCallback) -> ExitStatus | None:
+    async def _frame(
+        self, line: bytes, on_output: OutputCallback
+    ) -> ExitStatus | SandboxError | None:
+        """Deliver an output frame; return how the command ended (an exit status, or the
+        error the server reported) if this frame says so."""
         try:
             frame = w.decode_frame(line)
         except msgspec.DecodeError as exc:
@@ -697,7 +734,7 @@ class RemoteSandbox(SandboxHandle):
                 returncode=frame.returncode, signal=frame.signal, oom_killed=frame.oom_killed
             )
         elif isinstance(frame, w.ErrorFrame):
-            raise _mapped(500, frame.error, base_url=self._backend.base_url, sandbox_id=self._id)
+            return _mapped(500, frame.error, base_url=self._backend.base_url, sandbox_id=self._id)
         return None
 
     async def read_file(self, path: str, *, max_bytes: int) -> bytes:

@@ -209,7 +209,7 @@ OPERATIONS: tuple[Operation, ...] = (
         params=(_SANDBOX_ID,),
         body=w.ExecRequest,
         answer=w.ExecResponse,
-        errors=(*_COMMON, 409, 410, 503),
+        errors=(*_COMMON, 409, 410, 502, 503),
         tags=("commands",),
     ),
     Operation(
@@ -221,7 +221,7 @@ OPERATIONS: tuple[Operation, ...] = (
         params=(_SANDBOX_ID,),
         body=w.ExecRequest,
         answer=NDJSON,
-        errors=(*_COMMON, 409, 410, 503),
+        errors=(*_COMMON, 409, 410, 502, 503),
         tags=("commands",),
     ),
     Operation(
@@ -322,6 +322,8 @@ _ERROR_TEXT = {
     413: "Request too large (request_too_large), or file too large (file_error too_large).",
     422: "The idempotency key was used with a different request (idempotency_conflict).",
     429: "A tenant quota is exhausted (quota_exceeded); retry later.",
+    502: "The backend failed: a command it could not start (launch_error: it never ran; "
+    "retry it when retryable), or another infrastructure failure (infrastructure_error).",
     503: "The backend is unavailable or the server is shutting down.",
 }
 

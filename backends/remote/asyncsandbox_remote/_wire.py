@@ -203,6 +203,8 @@ class ErrorBody(_Message, kw_only=True):
     """What went wrong. ``code`` is stable and machine-readable; ``message`` is for people."""
 
     code: str
+    """``launch_error`` (502): the backend could not start the command, which never ran;
+    ``sandbox_died`` (410), ``backend_unavailable`` (503), ``file_error``, ..."""
     message: str
     sandbox_id: str | None = None
     reason: str | None = None

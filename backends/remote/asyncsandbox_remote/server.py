@@ -34,7 +34,7 @@ from asyncsandbox import Limits, SandboxError, Timeouts
 from asyncsandbox._cli import backend_options
 from asyncsandbox.abc import Backend
 
-from ._app import create_app
+from ._app import RemoteServer, create_app
 from ._config import KEYS_ENV, ServerConfig, Tenant, load_tenants
 
 __all__ = ("ServerConfig", "Tenant", "create_app", "load_tenants", "main", "serve")
@@ -74,6 +74,7 @@ async def serve(
     import uvicorn
 
     app = create_app(config, tenants, backend=backend, version=_version())
+    state: RemoteServer = app.state.server
     sock = _bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
     scheme = "https" if config.tls_cert else "http"
@@ -81,7 +82,7 @@ async def serve(
     url = f"{scheme}://{shown}:{port}"
     uv_config = uvicorn.Config(
         app,
-        lifespan="on",
+        lifespan="off",  # run by us, around the server: see below
         log_config=None,  # the application configures logging (see main())
         access_log=True,
         server_header=False,
@@ -103,7 +104,11 @@ async def serve(
             ready(url)
 
     try:
-        async with anyio.create_task_group() as tg:
+        # The application's lifespan (the Session over the backend, the lease reaper) runs
+        # here, around uvicorn, rather than under it: a backend that cannot start (say, no
+        # Docker engine) is raised to the caller as the asyncsandbox error it is, before
+        # the URL is announced, instead of uvicorn logging a traceback and exiting.
+        async with state.lifespan(), anyio.create_task_group() as tg:
             tg.start_soon(announce)
             await server.serve(sockets=[sock])
             tg.cancel_scope.cancel()
