@@ -137,7 +137,9 @@ class Timeouts(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True):
     operation: float | None = 60.0
     """Listing, inspecting and other short calls."""
     cleanup: float = 30.0
-    """How long cleanup may take when it runs shielded from cancellation (on exit paths)."""
+    """How long cleanup may take when it runs shielded from cancellation (on exit paths):
+    killing a command's process tree once its timeout or a cancellation came, for one.
+    Backends read it (``Backend.timeouts``)."""
 
     def __post_init__(self) -> None:
         for name in ("create", "remove", "operation"):
@@ -147,8 +149,9 @@ class Timeouts(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True):
 
 
 class RetryPolicy(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Retries of lifecycle calls that failed with a *retryable* infrastructure error.
-    Commands are never retried: running one twice is not the same as running it once."""
+    """Retries of calls that failed with a *retryable* infrastructure error. A command is
+    retried only when it never ran (:class:`LaunchError`): running one twice is not the
+    same as running it once."""
 
     attempts: int = 4
     """Total tries, the first included (1 disables retries)."""

@@ -117,6 +117,7 @@ class Runtime:
                 f"{', '.join(sorted(supported))}); run it under one of those, or use a "
                 f"backend that supports {library} such as 'process' or 'remote'"
             )
+        self._backend.use_timeouts(self.timeouts)
         await self._stack.enter_async_context(self._backend)
 
     async def close(self) -> None:

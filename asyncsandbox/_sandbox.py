@@ -380,6 +380,7 @@ class Sandbox:
                                     env=args.env,
                                     stdin=args.stdin,
                                     on_output=on_output,
+                                    timeout=args.timeout,
                                 ),
                             )
                         )

@@ -40,7 +40,7 @@ from typing import ClassVar, Self
 import msgspec
 from anyio import TypedAttributeProvider
 
-from ._config import Resources
+from ._config import Resources, Timeouts
 from ._models import SandboxInfo, Stream
 from ._shellfiles import ShellFiles, ShellProcess
 
@@ -124,8 +124,14 @@ class SandboxHandle(TypedAttributeProvider, metaclass=ABCMeta):
         env: Mapping[str, str],
         stdin: bytes | None,
         on_output: OutputCallback,
+        timeout: float | None = None,
     ) -> ExitStatus:
         """Run ``argv`` in the sandbox and return when its main process has exited.
+
+        * ``timeout`` is advisory: the command's own limit in seconds (``None``: none). The
+          runtime enforces it by cancelling this call; a backend may also enforce it where
+          the command runs (a remote server does, so a timed-out command costs no round
+          trip to kill it). Either way the command is killed.
 
         * Output goes to ``on_output`` as it arrives, unbuffered and unbounded (the runtime
           bounds it). Return only after all output read so far was delivered.
@@ -201,6 +207,14 @@ class Backend(metaclass=ABCMeta):
 
     name: ClassVar[str]
     """Registry name, such as ``"docker"``."""
+    timeouts: Timeouts = Timeouts()
+    """The deadlines of the Session using this backend (set before it is entered): a
+    backend bounds its own waits with them, e.g. killing a process tree within
+    ``timeouts.cleanup``, instead of constants of its own."""
+
+    def use_timeouts(self, timeouts: Timeouts) -> None:
+        """Called by the runtime before entering the backend; sets :attr:`timeouts`."""
+        self.timeouts = timeouts
 
     @property
     @abstractmethod

@@ -39,6 +39,7 @@ from asyncsandbox import (
     BackendUnavailable,
     InvalidArgument,
     LaunchError,
+    RetryPolicy,
     Sandbox,
     SandboxDied,
     Session,
@@ -292,21 +293,24 @@ async def test_unreachable_server_is_backend_unavailable() -> None:
 async def test_a_command_that_cannot_be_started_crosses_the_wire_as_launch_error(
     server_dir: Path,
 ) -> None:
-    """The served backend could not start the command (a fake one whose next three
-    commands fail to launch): the client raises LaunchError, retryable, through the exec
-    stream and its error frame; the unary endpoint answers 502 ``launch_error``. It was a
-    generic InfrastructureError (``infrastructure_error``), its type and retryability lost."""
+    """The served backend could not start the command (a fake one whose next launches
+    fail): the client raises LaunchError through the exec stream and its error frame; the
+    unary endpoint answers 502 ``launch_error``. It was a generic InfrastructureError
+    (``infrastructure_error``), its type lost. The server's Session retried each command
+    under its RetryPolicy (4 attempts by default) before answering, so the error arrives
+    final (not retryable): the client does not multiply the attempts."""
+    attempts = RetryPolicy().attempts
     server = Server(
         server_dir / ("fake-" + uuid.uuid4().hex[:6]),
         "--backend-option",
-        "launch_failures=3",
+        f"launch_failures={3 * attempts}",  # the exec, the stream and the unary call
         backend="fake",
     )
     try:
         async with Session(RemoteBackend(server.url, ALICE), sweep=False) as s, s.sandbox() as sb:
             with pytest.raises(LaunchError, match="scripted launch failure") as info:
                 await sb.exec(["echo", "never"])
-            assert info.value.retryable
+            assert not info.value.retryable
             with pytest.raises(LaunchError):
                 async with sb.exec_stream(["echo", "never"]) as run:
                     await run.wait()
@@ -321,7 +325,7 @@ async def test_a_command_that_cannot_be_started_crosses_the_wire_as_launch_error
             error = answer.json()["error"]
             assert (error["code"], error["retryable"], error["sandbox_id"]) == (
                 "launch_error",
-                True,
+                False,
                 sb.id,
             )
             assert (await sb.exec(["echo", "started"])).stdout == b"started\n"

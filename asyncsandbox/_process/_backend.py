@@ -583,6 +583,7 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         env: Mapping[str, str],
         stdin: bytes | None,
         on_output: OutputCallback,
+        timeout: float | None = None,  # advisory (see the contract)
     ) -> ExitStatus:
         expires = self._meta.expires_at
         oom_before = self._cgroup.oom_kills() if self._cgroup else 0

@@ -485,6 +485,7 @@ class _FakeSandbox(SandboxHandle):
         env: Mapping[str, str],
         stdin: bytes | None,
         on_output: OutputCallback,
+        timeout: float | None = None,  # advisory (see the contract)
     ) -> ExitStatus:
         self._check()
         if self._backend.exec_delay:

@@ -516,6 +516,7 @@ class DockerSandbox(ShellFiles, SandboxHandle):
         env: Mapping[str, str],
         stdin: bytes | None,
         on_output: OutputCallback,
+        timeout: float | None = None,  # advisory (see the contract)
     ) -> ExitStatus:
         self._check()
         if await self._fast():

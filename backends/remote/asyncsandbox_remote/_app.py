@@ -151,10 +151,10 @@ def error_for(exc: SandboxError, sandbox_id: str | None = None) -> HttpError:
     if isinstance(exc, BackendTimeout):
         return HttpError(504, "backend_timeout", message, detail=exc.operation)
     if isinstance(exc, LaunchError):
-        # The command never ran: the client raises LaunchError, never an exit status.
-        return HttpError(
-            502, "launch_error", message, sandbox_id=sandbox_id, retryable=exc.retryable
-        )
+        # The command never ran: the client raises LaunchError, never an exit status. Not
+        # retryable any more: the server's Session already retried it under its own
+        # RetryPolicy (a client retrying too would multiply the attempts).
+        return HttpError(502, "launch_error", message, sandbox_id=sandbox_id, retryable=False)
     if isinstance(exc, InfrastructureError):
         return HttpError(502, "infrastructure_error", message, retryable=exc.retryable)
     return HttpError(500, "internal_error", f"{type(exc).__name__}: {message}")

@@ -620,6 +620,7 @@ class RemoteSandbox(SandboxHandle):
         env: Mapping[str, str],
         stdin: bytes | None,
         on_output: OutputCallback,
+        timeout: float | None = None,  # advisory (see the contract)
     ) -> ExitStatus:
         api = self._backend.api
         exec_id = uuid.uuid4().hex

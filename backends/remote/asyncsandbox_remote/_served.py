@@ -95,8 +95,11 @@ class _ServedHandle(SandboxHandle):
         env: Mapping[str, str],
         stdin: bytes | None,
         on_output: OutputCallback,
+        timeout: float | None = None,  # advisory (see the contract)
     ) -> ExitStatus:
-        return await self._inner.exec(argv, cwd=cwd, env=env, stdin=stdin, on_output=on_output)
+        return await self._inner.exec(
+            argv, cwd=cwd, env=env, stdin=stdin, on_output=on_output, timeout=timeout
+        )
 
     async def read_file(self, path: str, *, max_bytes: int) -> bytes:
         return await self._inner.read_file(path, max_bytes=max_bytes)
