@@ -59,7 +59,6 @@ from ._uids import DEFAULT_RANGE, UidPool
 
 __all__ = ("ProcessAttributes", "ProcessBackend")
 
-KILL_DEADLINE = 10.0
 READ_CHUNK = 256 * 1024
 UNISOLATED_PIPE_GRACE = 1.0
 LAUNCHER_EXIT_GRACE = 3.0
@@ -555,7 +554,10 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         finally:
             # Shielded and bounded: every process of the command must be dead before we
             # return, even when our caller is being cancelled.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_DEADLINE):
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(self._backend.timeouts.cleanup),
+            ):
                 await _terminate(process)
             self._processes.discard(process)
 
