@@ -47,7 +47,8 @@ DEFAULT_SYSTEMS: dict[str, tuple[str, ...]] = {
     "exec": (
         "asyncsandbox-docker", "asyncsandbox-docker-api", "asyncsandbox-docker-fast",
         "raw-aiodocker", "docker-py", "docker-cli", "asyncsandbox-process",
-        "asyncsandbox-process-bwrap", "asyncsandbox-process-native", "host-spawn", "bwrap-spawn",
+        "asyncsandbox-process-bwrap", "asyncsandbox-process-native", "asyncsandbox-process-fast",
+        "host-spawn", "bwrap-spawn",
     ),
     "lifecycle": (
         "asyncsandbox-docker", "asyncsandbox-docker-pool", "raw-aiodocker", "docker-py",

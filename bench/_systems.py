@@ -374,12 +374,10 @@ def _pool_level(session: Any) -> int | None:
 
 
 class AsyncsandboxProcess(Asyncsandbox):
-    isolation: str | None = None  # the backend's own choice
+    options: dict[str, Any] = {}  # noqa: RUF012 - the backend's own choices
 
     def __init__(self, name: str, config: Config) -> None:
-        options: dict[str, Any] = {"root": config.process_root}
-        if self.isolation is not None:
-            options["isolation"] = self.isolation
+        options: dict[str, Any] = {"root": config.process_root, **self.options}
         super().__init__(name, config, lambda: "process", backend_options=options)
 
     def leftovers(self) -> int | None:
@@ -387,11 +385,15 @@ class AsyncsandboxProcess(Asyncsandbox):
 
 
 class AsyncsandboxProcessBwrap(AsyncsandboxProcess):
-    isolation = "bwrap"
+    options = {"isolation": "bwrap", "fast_path": False}  # noqa: RUF012
 
 
 class AsyncsandboxProcessNative(AsyncsandboxProcess):
-    isolation = "native"
+    options = {"isolation": "native", "fast_path": False}  # noqa: RUF012
+
+
+class AsyncsandboxProcessFast(AsyncsandboxProcess):
+    options = {"isolation": "native", "fast_path": True}  # noqa: RUF012
 
 
 def process_leftovers(root: str) -> int | None:
@@ -722,16 +724,24 @@ SYSTEMS: dict[str, SystemInfo] = {
         "asyncsandbox-process-bwrap",
         "process",
         ALL_WORKLOADS,
-        "the process backend with isolation='bwrap' (bubblewrap, seccomp, distinct uids)",
+        "the process backend, a bubblewrap launch per command (fast_path=False)",
         AsyncsandboxProcessBwrap,
     ),
     "asyncsandbox-process-native": SystemInfo(
         "asyncsandbox-process-native",
         "process",
         ALL_WORKLOADS,
-        "the process backend with isolation='native' (its own launcher in Python: the "
-        "fallback where bubblewrap is missing)",
+        "the process backend, a native launch per command (fast_path=False; what runs "
+        "where bubblewrap is missing and the fast path is off)",
         AsyncsandboxProcessNative,
+    ),
+    "asyncsandbox-process-fast": SystemInfo(
+        "asyncsandbox-process-fast",
+        "process",
+        ALL_WORKLOADS,
+        "the process backend's fast path: each sandbox's resident executor forks the "
+        "command (isolation='native', fast_path=True)",
+        AsyncsandboxProcessFast,
     ),
     "raw-aiodocker": SystemInfo(
         "raw-aiodocker",

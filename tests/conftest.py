@@ -3,8 +3,9 @@ from __future__ import annotations
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -124,6 +125,34 @@ async def docker_pids_squeezed(container: str, *, room: int = 0) -> AsyncIterato
             await anyio.run_process(["docker", "update", "--pids-limit", original, container])
 
 
+# -- the process backend's ways to run a command --------------------------------------------
+
+PROCESS_MECHANISMS = ("bwrap", "native", "executor")
+"""``bwrap`` and ``native``: a launcher per command. ``executor``: the native launcher's
+resident executor (the fast path), where commands run in namespaces of their own inside
+long-lived ones. Tests of the process backend's isolation run on each one the machine has."""
+
+
+def process_options(mechanism: str) -> dict[str, Any]:
+    """The process backend's options that select ``mechanism``."""
+    if mechanism == "executor":
+        return {"isolation": "native", "fast_path": True}
+    return {"isolation": mechanism, "fast_path": False}
+
+
+def mechanism_unavailable(mechanism: str) -> str | None:
+    """Why ``mechanism`` does not run here (a skip reason), or None."""
+    import os
+    import shutil
+
+    forced = os.environ.get("ASYNCSANDBOX_PROCESS_ISOLATION")
+    if forced and forced != process_options(mechanism)["isolation"]:
+        return f"ASYNCSANDBOX_PROCESS_ISOLATION={forced} forces another mechanism"
+    if mechanism == "bwrap" and shutil.which("bwrap") is None:
+        return "bubblewrap is not installed"
+    return None
+
+
 # -- the process backend's launcher, broken for real ---------------------------------------
 
 
@@ -143,8 +172,31 @@ async def process_launcher_broken(sandbox_dir: Path) -> AsyncIterator[None]:
             await aside.rename(tmp)
 
 
-def process_launch_failure(sandbox: Sandbox) -> AbstractAsyncContextManager[None]:
-    """The conformance suite's launch_failure hook for a local process sandbox."""
+def kill_process_sandbox_processes(sandbox_id: str) -> int:
+    """SIGKILL every process of a process sandbox, through its cgroup (root only: that is
+    where the backend has cgroups); return how many were signalled."""
+    import os
+    import signal
+
+    killed = 0
+    for procs in Path("/sys/fs/cgroup").glob(f"**/asyncsandbox/{sandbox_id}/cgroup.procs"):
+        for pid in procs.read_text().split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+@asynccontextmanager
+async def process_launch_failure(sandbox: Sandbox) -> AsyncIterator[None]:
+    """The conformance suite's launch_failure hook for a local process sandbox: its
+    launcher broken (above), and its resident executor, if it has one, stopped, so that
+    the next command needs a new one, which cannot be set up."""
     from asyncsandbox._process import ProcessAttributes
 
-    return process_launcher_broken(sandbox.extra(ProcessAttributes.root))
+    async with process_launcher_broken(sandbox.extra(ProcessAttributes.root)):
+        handle: Any = sandbox._handle
+        await handle.stop_executor()
+        yield

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -13,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -21,6 +21,7 @@ from structlog.testing import capture_logs
 from asyncsandbox import (
     BackendUnavailable,
     ExecTimeout,
+    InfrastructureError,
     InvalidArgument,
     Limits,
     Resources,
@@ -35,7 +36,12 @@ from asyncsandbox._process import (
 )
 from asyncsandbox.testing import CHECKS, Check
 
-from .conftest import process_launch_failure
+from .conftest import (
+    PROCESS_MECHANISMS,
+    mechanism_unavailable,
+    process_launch_failure,
+    process_options,
+)
 
 IS_ROOT = os.geteuid() == 0
 
@@ -168,21 +174,23 @@ async def test_fork_bomb_is_contained(process_root: Path) -> None:
     defaults = SandboxDefaults(resources=Resources(pids=64))
     bomb = "b() { b | b & }; b"
     async with session(process_root, defaults=defaults) as s, s.sandbox() as sb:
+        await sb.exec(["true"])
+        group = sb._handle._cgroup  # type: ignore[union-attr]
+        assert group is not None
+        resident = group._pids()  # the sandbox's executor, on the fast path; else nothing
         with pytest.raises(ExecTimeout):
             # `exec`: a shell that forks for `sleep` once the bomb filled the pids limit
             # exits at once ("Cannot fork") instead of timing out.
             await sb.exec(["sh", "-c", bomb + "; exec sleep 100"], timeout=3)
         after = await sb.exec(["echo", "still here"], timeout=10)
         assert after.stdout == b"still here\n"
-        group = sb._handle._cgroup  # type: ignore[union-attr]
-        assert group is not None
         # Nothing is left of the bomb: the processes killed with the exec are gone once
         # the kernel has reaped them, without anyone killing them again.
         for _ in range(200):
-            if not group._pids():
+            if group._pids() <= resident:
                 break
             await anyio.sleep(0.05)
-        assert not group._pids(), "processes of the bomb outlived their exec"
+        assert group._pids() <= resident, "processes of the bomb outlived their exec"
 
 
 # -- cancellation and crash safety --------------------------------------------------------
@@ -297,22 +305,16 @@ def test_sweep_removes_what_a_killed_owner_left(process_root: Path) -> None:
 # -- isolation mechanisms ------------------------------------------------------------------
 
 
-def mechanisms() -> list[str]:
-    """Every mechanism this machine supports, unless one is forced for the whole run."""
-    forced = os.environ.get("ASYNCSANDBOX_PROCESS_ISOLATION")
-    if forced:
-        return [forced]
-    return ["native", *(["bwrap"] if shutil.which("bwrap") else [])]
-
-
 # The mechanism is independent of the async library: asyncio suffices here (the default
 # mechanism runs the suite on trio too, in test_conformance.py).
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
-@pytest.mark.parametrize("mechanism", mechanisms())
+@pytest.mark.parametrize("mechanism", PROCESS_MECHANISMS)
 async def test_every_mechanism_conforms(mechanism: str, check: Check, process_root: Path) -> None:
+    if reason := mechanism_unavailable(mechanism):
+        pytest.skip(reason)
     await check.run(
-        lambda: ProcessBackend(root=process_root, isolation=mechanism),  # type: ignore[arg-type]
+        lambda: ProcessBackend(root=process_root, **process_options(mechanism)),
         launch_failure=process_launch_failure,
     )
 
@@ -443,3 +445,77 @@ async def test_root_filesystem_image(process_root: Path) -> None:
     async with session(process_root, defaults=SandboxDefaults(image="python:3.12")) as s:
         with pytest.raises(Exception, match="root filesystem directories"):
             await s.sandbox().start()
+
+
+# -- the fast path: a resident executor per sandbox ------------------------------------------
+
+
+def fast_session(root: Path, **options: object) -> Session:
+    return session(root, backend_options={"isolation": "native", "fast_path": True, **options})
+
+
+async def test_fast_path_commands_live_in_namespaces_of_their_own(process_root: Path) -> None:
+    """Each command is PID 2 of its own PID namespace, with its own /proc: it sees neither
+    the executor nor the sandbox's other commands (but their files, as one episode)."""
+    marker = f"1000.{uuid.uuid4().int % 10**8}"
+    listing = "import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
+    async with fast_session(process_root) as s, s.sandbox() as sb:
+        assert sb.extra(ProcessAttributes.fast_path)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sb.exec, ["sh", "-c", f"echo shared > /tmp/f; exec sleep {marker}"])
+            while not processes_with(marker):  # noqa: ASYNC110 - polling the host
+                await anyio.sleep(0.02)
+            seen = await sb.exec(["python3", "-c", listing])
+            shared = await sb.exec(["cat", "/tmp/f"])
+            me = await sb.exec(["sh", "-c", "echo $$"])
+            tg.cancel_scope.cancel()
+    assert seen.stdout == b"[1, 2]\n", seen  # its init and itself
+    assert shared.stdout == b"shared\n"
+    assert me.stdout == b"2\n"
+    assert processes_with(marker) == []
+
+
+async def test_an_idle_executor_stops_and_the_next_command_starts_one(process_root: Path) -> None:
+    async with fast_session(process_root, executor_idle=0.3) as s, s.sandbox() as sb:
+        assert (await sb.exec(["echo", "one"])).stdout == b"one\n"
+        handle: Any = sb._handle
+        first = handle._executor
+        assert first is not None
+        for _ in range(100):
+            if handle._executor is None:
+                break
+            await anyio.sleep(0.05)
+        assert handle._executor is None, "the executor outlived executor_idle"
+        with anyio.fail_after(10):
+            await first.process.wait()  # it exits once told to
+        assert (await sb.exec(["echo", "two"])).stdout == b"two\n"
+        assert handle._executor is not first
+
+
+async def test_a_killed_executor_is_an_infrastructure_error_then_replaced(
+    process_root: Path,
+) -> None:
+    """The executor killed from outside while a command runs: the command dies with it and
+    its exec raises an InfrastructureError (never an exit status); the sandbox goes on
+    with a new executor."""
+    marker = f"1000.{uuid.uuid4().int % 10**8}"
+    async with fast_session(process_root) as s, s.sandbox() as sb:
+        await sb.exec(["true"])
+        handle: Any = sb._handle
+        launcher = handle._executor.process
+
+        async def kill_when_running() -> None:
+            while not processes_with(marker):  # noqa: ASYNC110 - polling the host
+                await anyio.sleep(0.02)
+            os.kill(launcher.pid, signal.SIGKILL)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kill_when_running)
+            with pytest.raises(InfrastructureError, match="executor"):
+                await sb.exec(["sleep", marker], timeout=30)
+        for _ in range(100):
+            if not processes_with(marker):
+                break
+            await anyio.sleep(0.05)
+        assert processes_with(marker) == []
+        assert (await sb.exec(["echo", "again"])).stdout == b"again\n"

@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import stat
 import sys
 import time
@@ -22,6 +23,7 @@ import msgspec
 from anyio import TypedAttributeSet, typed_attribute
 from anyio.abc import ByteReceiveStream
 
+from .. import _validate as check
 from .._errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -43,15 +45,19 @@ from ..abc import (
 )
 from . import _layout
 from ._cgroups import Cgroups, SandboxCgroup
+from ._executor import Executor, ExecutorGone, Pipe, pump
 from ._isolation import (
     MODES,
-    STARTED,
+    ChunkSource,
     IsolationUnavailable,
+    LaunchOutput,
     Mechanism,
     Mode,
+    Native,
     candidates,
     probe,
     scratch_layout,
+    transient,
     userns_problem,
 )
 from ._layout import READ_ONLY_PREFIXES, HostIds, Layout
@@ -62,7 +68,6 @@ __all__ = ("ProcessAttributes", "ProcessBackend")
 READ_CHUNK = 256 * 1024
 UNISOLATED_PIPE_GRACE = 1.0
 LAUNCHER_EXIT_GRACE = 3.0
-LAUNCHER_OUTPUT_LIMIT = 64 * 1024  # what we keep of a failing launcher's messages
 ISOLATION_ENV = "ASYNCSANDBOX_PROCESS_ISOLATION"
 ETC_SWEEP_AGE = 3600.0  # unused /etc snapshots older than this are removed
 
@@ -74,6 +79,8 @@ class ProcessAttributes(TypedAttributeSet):
     """The sandbox's directory on the host."""
     isolation: str = typed_attribute()
     """The isolation mechanism in use: ``bwrap``, ``native`` or ``none``."""
+    fast_path: bool = typed_attribute()
+    """Whether commands run through the sandbox's resident executor (see ``fast_path``)."""
 
 
 def default_root() -> Path:
@@ -202,6 +209,13 @@ class ProcessBackend(Backend):
         machines without libseccomp; it is logged as a warning.
     :param uid_range: ``(first, count)``: host uids for sandboxes when running as root,
         one per live sandbox (default: 2^20 uids from ``0x70000000``).
+    :param fast_path: run each sandbox's commands through a resident executor (the native
+        launcher, staying in the sandbox's namespaces: a fork per command instead of a
+        launcher), started at the sandbox's first command and stopped after
+        ``executor_idle`` seconds without one. Where the native launcher cannot run (or
+        with ``False``), every command is launched on its own by the chosen mechanism.
+    :param executor_idle: seconds an executor waits for its next command before it stops
+        (``None``: until the sandbox is removed).
     """
 
     name = "process"
@@ -213,6 +227,8 @@ class ProcessBackend(Backend):
         isolation: Mode | None = None,
         seccomp: bool = True,
         uid_range: tuple[int, int] | list[int] | None = None,
+        fast_path: bool = True,
+        executor_idle: float | None = 30.0,
     ) -> None:
         mode = isolation if isolation is not None else os.environ.get(ISOLATION_ENV) or "auto"
         if mode not in MODES:
@@ -220,6 +236,11 @@ class ProcessBackend(Backend):
             raise InvalidArgument(f"{where} must be one of {', '.join(MODES)}; got {mode!r}")
         if not isinstance(seccomp, bool):
             raise InvalidArgument(f"seccomp must be a bool, got {seccomp!r}")
+        if not isinstance(fast_path, bool):
+            raise InvalidArgument(f"fast_path must be a bool, got {fast_path!r}")
+        self._executor_idle = check.seconds("executor_idle", executor_idle)
+        if self._executor_idle == 0:
+            raise InvalidArgument("executor_idle must be > 0 or None")
         self.root = Path(root) if root is not None else default_root()
         self._mode: Mode = mode
         self._seccomp = seccomp
@@ -230,6 +251,9 @@ class ProcessBackend(Backend):
         elif uid_range is not None:
             raise InvalidArgument("uid_range needs root (without it, sandboxes run as you)")
         self._mechanism: Mechanism | None = None
+        self._fast_path = fast_path and mode != "none"
+        self._native: Native | None = None  # the fast path's, once probed
+        self._task_group: anyio.abc.TaskGroup | None = None
         self._cgroups: Cgroups | None = None
         self._caps: BackendCapabilities | None = None
         self._handles: dict[str, ProcessSandbox] = {}
@@ -241,6 +265,10 @@ class ProcessBackend(Backend):
             raise BackendUnavailable(
                 f"the process backend cannot prepare its root {self.root}: {exc}"
             ) from exc
+        # The executors' readers run here; exited in aclose() (same task).
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
         return self
 
     def _setup(self) -> None:
@@ -256,6 +284,8 @@ class ProcessBackend(Backend):
             self._mechanism = _select(
                 self._mode, self._seccomp, self.root, self._etc_for(None), probe_ids
             )
+            if self._fast_path:
+                self._native = self._fast_path_mechanism(probe_ids)
         finally:
             if self._uids and probe_ids:
                 self._uids.release(probe_ids, self.root / ".probe")
@@ -290,6 +320,18 @@ class ProcessBackend(Backend):
             isolation=mechanism.name,
             cgroups=self._cgroups.version if self._cgroups else None,
         )
+
+    def _fast_path_mechanism(self, probe_ids: HostIds | None) -> Native | None:
+        """The native launcher for resident executors, if it runs here."""
+        if isinstance(self._mechanism, Native):
+            return self._mechanism
+        try:
+            native = _select("native", self._seccomp, self.root, self._etc_for(None), probe_ids)
+        except BackendUnavailable as exc:
+            get_logger().debug("process.fast_path.unavailable", reason=str(exc))
+            return None
+        assert isinstance(native, Native)
+        return native
 
     def _etc_for(self, image: Path | None) -> Path:
         """The /etc snapshot of the host (``None``) or of an image, made on first use in
@@ -329,7 +371,15 @@ class ProcessBackend(Backend):
         return self._mechanism
 
     async def aclose(self) -> None:
+        # Shielded: the executors (and every command they run) must stop with us.
+        with anyio.CancelScope(shield=True):
+            for handle in list(self._handles.values()):
+                await handle.stop_executor()
         self._handles.clear()
+        if self._task_group is not None:
+            task_group, self._task_group = self._task_group, None
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(None, None, None)
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         image: Path | None = None
@@ -495,6 +545,8 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         self._cgroup = cgroup
         self._processes: set[anyio.abc.Process] = set()
         self._removed = False
+        self._executor: Executor | None = None
+        self._executor_lock = anyio.Lock()
 
     @property
     def id(self) -> str:
@@ -505,6 +557,7 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         return {
             ProcessAttributes.root: lambda: self._layout.root,
             ProcessAttributes.isolation: lambda: self._backend.mechanism.name,
+            ProcessAttributes.fast_path: lambda: self._backend._native is not None,
         }
 
     def _check_alive(self) -> None:
@@ -514,19 +567,230 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         if expires is not None and expires < time.time():
             raise SandboxDied(self.id, "max lifetime exceeded")
 
+    @property
+    def _cgroup_files(self) -> Sequence[str]:
+        return self._cgroup.procs_files if self._cgroup is not None else ()
+
+    # -- commands ------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        on_output: OutputCallback,
+        timeout: float | None = None,  # advisory (see the contract)
+    ) -> ExitStatus:
+        expires = self._meta.expires_at
+        oom_before = self._cgroup.oom_kills() if self._cgroup else 0
+        with anyio.move_on_after(
+            float("inf") if expires is None else expires - time.time()
+        ) as lifetime:
+            executor = await self._executor_or_none()
+            if executor is not None:
+                returncode = await self._exec_fast(executor, argv, cwd, env, stdin, on_output)
+            else:
+                returncode = await self._exec_launched(argv, cwd, env, stdin, on_output)
+        if lifetime.cancelled_caught:
+            raise SandboxDied(self.id, "max lifetime exceeded")
+        oom = self._cgroup is not None and self._cgroup.oom_kills() > oom_before
+        if returncode < 0:  # the launcher itself was killed by a signal
+            returncode = 128 - returncode
+        return ExitStatus(returncode=returncode, signal=9 if oom else None, oom_killed=oom)
+
+    async def _exec_launched(
+        self,
+        argv: tuple[str, ...],
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        on_output: OutputCallback,
+    ) -> int:
+        """The per-command path: a launcher builds the sandbox around this command."""
+        async with self._spawn(argv, cwd=cwd, env=env, stdin=stdin is not None) as (
+            process,
+            stderr,
+        ):
+            with single_error():
+                async with anyio.create_task_group() as tg:
+                    assert process.stdout is not None
+                    tg.start_soon(_pump, _Stream(process.stdout), "stdout", on_output)
+                    tg.start_soon(_pump, stderr, "stderr", on_output)
+                    if stdin is not None:
+                        tg.start_soon(_feed, process, stdin)
+                    returncode = await process.wait()
+                    if not self._backend.mechanism.isolated:
+                        # No PID namespace: kill what is left of the process group and
+                        # stop waiting for pipes that escaped children may hold open.
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.killpg(process.pid, 9)
+                        tg.cancel_scope.deadline = anyio.current_time() + UNISOLATED_PIPE_GRACE
+                    # Otherwise the namespace died with its PID 1: every pipe is at EOF.
+        return returncode
+
+    async def _exec_fast(
+        self,
+        executor: Executor,
+        argv: tuple[str, ...],
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        on_output: OutputCallback,
+    ) -> int:
+        """The fast path: the sandbox's resident executor forks the command."""
+        async with self._run_on(executor, argv, cwd, env, stdin is not None) as run:
+            with single_error():
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(pump, run.stdout, "stdout", on_output)
+                    tg.start_soon(_pump, run.stderr, "stderr", on_output)
+                    if run.stdin is not None and stdin is not None:
+                        tg.start_soon(_feed_pipe, run.stdin, stdin)
+                    returncode = await executor.wait(run.command)
+        return returncode
+
+    @asynccontextmanager
+    async def _run_on(
+        self, executor: Executor, argv: Sequence[str], cwd: str, env: Mapping[str, str], stdin: bool
+    ) -> AsyncIterator[_Run]:
+        """A command run by the executor, once started, with its pipes. Killed (and waited
+        for) if the block exits before it ended; raise :class:`LaunchError` if it could
+        not be started."""
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        in_r, in_w = (
+            os.pipe2(os.O_CLOEXEC)
+            if stdin
+            else (os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1)
+        )
+        run = _Run(Pipe(out_r), LaunchOutput(Pipe(err_r)), Pipe(in_w) if in_w >= 0 else None)
+        try:
+            try:
+                run.command = await executor.run(
+                    argv, cwd=cwd, env=self._layout.env(env), stdin=in_r, stdout=out_w, stderr=err_w
+                )
+            except ExecutorGone as exc:
+                # The command was never handed over: a new executor may run it.
+                await self._drop_executor(executor)
+                raise LaunchError(f"sandbox {self.id}: {exc}", retryable=True) from exc
+            finally:
+                for fd in (in_r, out_w, err_w):
+                    os.close(fd)
+            try:
+                if not await run.stderr.started():
+                    try:
+                        returncode = await executor.wait(run.command)
+                    except ExecutorGone as exc:  # gone before the command started
+                        await self._drop_executor(executor)
+                        raise LaunchError(f"sandbox {self.id}: {exc}", retryable=True) from exc
+                    self._check_alive()
+                    raise self._launch_error(returncode, run.stderr.launcher_output)
+                yield run
+            except BaseException:
+                # Shielded and bounded: the command's whole tree must be gone before we
+                # return; an executor that does not confirm it is given up (with every
+                # command of the sandbox: that is the only way to be sure).
+                with anyio.CancelScope(shield=True):
+                    with anyio.move_on_after(self._backend.timeouts.cleanup) as scope:
+                        await executor.kill(run.command)
+                    if scope.cancelled_caught:
+                        await self._drop_executor(executor)
+                raise
+        finally:
+            run.close()
+
+    async def _executor_or_none(self) -> Executor | None:
+        """The sandbox's executor (started now if needed), or None for the per-command path."""
+        native = self._backend._native
+        if native is None:
+            return None
+        self._check_alive()
+        async with self._executor_lock:
+            executor = self._executor
+            if executor is not None and executor.alive:
+                return executor
+            if executor is not None:
+                await self._drop_executor(executor)
+            self._executor = executor = await self._start_executor(native)
+            return executor
+
+    async def _start_executor(self, native: Native) -> Executor:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            launch = native.executor(
+                self._layout, control=theirs.fileno(), cgroups=self._cgroup_files
+            )
+            process = await anyio.open_process(
+                launch.argv,
+                stdin=-3,  # DEVNULL
+                env=launch.env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                start_new_session=True,
+                pass_fds=launch.fds,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._processes.add(process)
+        ours.setblocking(False)
+        executor = Executor(process, ours)
+        try:
+            assert process.stderr is not None
+            output = LaunchOutput(_Stream(process.stderr))
+            if not await output.started():
+                returncode = await process.wait()
+                self._check_alive()
+                raise self._launch_error(returncode, output.launcher_output)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await executor.aclose()
+                self._processes.discard(process)
+            raise
+        assert self._backend._task_group is not None
+        self._backend._task_group.start_soon(self._keep, executor, name=f"executor {self.id}")
+        return executor
+
+    async def _keep(self, executor: Executor) -> None:
+        """Serve the executor's answers until it goes; stop it once idle for
+        ``executor_idle`` seconds (the next command starts a new one)."""
+        idle = self._backend._executor_idle
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(executor.serve)
+            while idle is not None and executor.alive:
+                await anyio.sleep(max(0.0, executor.last_used + idle - anyio.current_time()))
+                if executor.busy or anyio.current_time() - executor.last_used < idle:
+                    continue
+                async with self._executor_lock:  # a command may just be asking for it
+                    if not executor.busy:
+                        await self._drop_executor(executor)
+
+    async def _drop_executor(self, executor: Executor) -> None:
+        if self._executor is executor:
+            self._executor = None
+        await executor.aclose()
+        self._processes.discard(executor.process)
+
+    async def stop_executor(self) -> None:
+        """Stop the executor, if any: every command it runs dies."""
+        if self._executor is not None:
+            await self._drop_executor(self._executor)
+
+    # -- the per-command path --------------------------------------------------------------
+
     @asynccontextmanager
     async def _spawn(
         self, argv: tuple[str, ...], *, cwd: str, env: Mapping[str, str], stdin: bool
-    ) -> AsyncIterator[tuple[anyio.abc.Process, _Stderr]]:
+    ) -> AsyncIterator[tuple[anyio.abc.Process, LaunchOutput]]:
         """A launched command, once it started (its setup done, its program being
         executed), with its stderr. It is SIGKILLed (with all it started) if the block
         exits before it ended, by an error or by cancellation. Raise :class:`LaunchError`
         if it could not be set up: then it never ran."""
         self._check_alive()
-        cgroups = self._cgroup.procs_files if self._cgroup is not None else ()
         try:
             launch = self._backend.mechanism.launch(
-                self._layout, argv, cwd=cwd, env=env, cgroups=cgroups
+                self._layout, argv, cwd=cwd, env=env, cgroups=self._cgroup_files
             )
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
@@ -543,7 +807,7 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         self._processes.add(process)
         try:
             assert process.stderr is not None
-            stderr = _Stderr(process.stderr)
+            stderr = LaunchOutput(_Stream(process.stderr))
             if not await stderr.started():
                 returncode = await process.wait()
                 self._check_alive()  # the sandbox removed or expired under the launch
@@ -566,7 +830,7 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         message = output.strip() or f"it exited with status {returncode} and said nothing"
         error = LaunchError(
             f"sandbox {self.id}: the {mechanism} launcher could not start the command: {message}",
-            retryable=_transient(message),
+            retryable=transient(message),
         )
         get_logger().warning(
             "process.launch.failed",
@@ -577,58 +841,26 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         )
         return error
 
-    async def exec(
-        self,
-        argv: tuple[str, ...],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        on_output: OutputCallback,
-        timeout: float | None = None,  # advisory (see the contract)
-    ) -> ExitStatus:
-        expires = self._meta.expires_at
-        oom_before = self._cgroup.oom_kills() if self._cgroup else 0
-        with anyio.move_on_after(
-            float("inf") if expires is None else expires - time.time()
-        ) as lifetime:
-            async with self._spawn(argv, cwd=cwd, env=env, stdin=stdin is not None) as (
-                process,
-                stderr,
-            ):
-                with single_error():
-                    async with anyio.create_task_group() as tg:
-                        assert process.stdout is not None
-                        tg.start_soon(_pump, process.stdout, "stdout", on_output)
-                        tg.start_soon(_pump, stderr, "stderr", on_output)
-                        if stdin is not None:
-                            tg.start_soon(_feed, process, stdin)
-                        returncode = await process.wait()
-                        if not self._backend.mechanism.isolated:
-                            # No PID namespace: kill what is left of the process group and
-                            # stop waiting for pipes that escaped children may hold open.
-                            with contextlib.suppress(ProcessLookupError, PermissionError):
-                                os.killpg(process.pid, 9)
-                            tg.cancel_scope.deadline = anyio.current_time() + UNISOLATED_PIPE_GRACE
-                        # Otherwise the namespace died with its PID 1: every pipe is at EOF.
-        if lifetime.cancelled_caught:
-            raise SandboxDied(self.id, "max lifetime exceeded")
-        oom = self._cgroup is not None and self._cgroup.oom_kills() > oom_before
-        if returncode < 0:  # the launcher itself was killed by a signal
-            returncode = 128 - returncode
-        return ExitStatus(returncode=returncode, signal=9 if oom else None, oom_killed=oom)
+    # -- files -----------------------------------------------------------------------------
 
     @asynccontextmanager
     async def shell(
         self, script: str, args: Sequence[str], *, stdin: bool
     ) -> AsyncIterator[ShellProcess]:
         argv = ("/bin/sh", "-c", script, "sh", *args)
-        async with self._spawn(argv, cwd="/", env={"LC_ALL": "C"}, stdin=stdin) as (
-            process,
-            stderr,
-        ):
+        env = {"LC_ALL": "C"}
+        executor = await self._executor_or_none()
+        collected = bytearray()
+        if executor is not None:
+            async with self._run_on(executor, argv, "/", env, stdin) as run:
+                with single_error():
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(_drain, run.stderr, collected)
+                        yield _PipeScript(executor, run, collected)
+                        tg.cancel_scope.cancel()
+            return
+        async with self._spawn(argv, cwd="/", env=env, stdin=stdin) as (process, stderr):
             assert process.stdout is not None
-            collected = bytearray()
             with single_error():
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_drain, stderr, collected)
@@ -648,11 +880,33 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
 
     async def remove(self) -> None:
         self._removed = True
+        await self.stop_executor()
         for process in list(self._processes):
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
         await anyio.to_thread.run_sync(self._backend._remove_sync, self.id, self._cgroup)
         self._backend._handles.pop(self.id, None)
+
+
+class _Run:
+    """A command run by the executor: its pipes, and its request."""
+
+    def __init__(self, stdout: Pipe, stderr: LaunchOutput, stdin: Pipe | None) -> None:
+        self.stdout = stdout
+        self.stderr = stderr
+        self.stdin = stdin
+        self.command: Any = None
+
+    def close(self) -> None:
+        self.stdout.close()
+        self.stderr_pipe_close()
+        if self.stdin is not None:
+            self.stdin.close()
+
+    def stderr_pipe_close(self) -> None:
+        source = self.stderr._source
+        if isinstance(source, Pipe):
+            source.close()
 
 
 def _children(pid: int) -> list[int]:
@@ -707,7 +961,7 @@ class _Script:
 
     async def __anext__(self) -> bytes:
         assert self._process.stdout is not None
-        chunk = await _receive(self._process.stdout)
+        chunk = await _Stream(self._process.stdout).receive()
         if chunk is None:
             raise StopAsyncIteration
         return chunk
@@ -717,71 +971,61 @@ class _Script:
         return returncode, bytes(self._stderr)
 
 
-async def _receive(stream: ByteReceiveStream | _Stderr) -> bytes | None:
-    if isinstance(stream, _Stderr):
-        return await stream.receive()
-    try:
-        return await stream.receive(READ_CHUNK)
-    except (anyio.EndOfStream, anyio.ClosedResourceError):
-        return None
+class _PipeScript:
+    """A file-operation script (:class:`ShellProcess`) run by the sandbox's executor."""
+
+    def __init__(self, executor: Executor, run: _Run, stderr: bytearray) -> None:
+        self._executor = executor
+        self._run = run
+        self._stderr = stderr
+
+    async def send(self, data: bytes) -> None:
+        if self._run.stdin is None or self._run.stdin.fd is None:
+            raise anyio.ClosedResourceError
+        try:
+            await self._run.stdin.send(data)
+        except BrokenPipeError:
+            raise anyio.BrokenResourceError from None
+
+    async def close_stdin(self) -> None:
+        if self._run.stdin is not None:
+            self._run.stdin.close()
+
+    def __aiter__(self) -> _PipeScript:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self._run.stdout.receive()
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
+
+    async def wait(self) -> tuple[int, bytes]:
+        await self.close_stdin()
+        returncode = await self._executor.wait(self._run.command)
+        return returncode, bytes(self._stderr)
 
 
-class _Stderr:
-    """A launched command's stderr: first what the launcher says, up to the marker that
-    the command started (see ``_isolation``), then the command's own output."""
+class _Stream:
+    """An anyio byte stream read as chunks, None at its end."""
 
     def __init__(self, stream: ByteReceiveStream) -> None:
         self._stream = stream
-        self._rest = b""
-        self.launcher_output = ""
-
-    async def started(self) -> bool:
-        """Read the launcher's part; True if the command started."""
-        seen = bytearray()
-        while (chunk := await _receive(self._stream)) is not None:
-            seen += chunk
-            before, marker, after = seen.partition(STARTED)
-            if marker:
-                self.launcher_output = before.decode(errors="replace")
-                self._rest = bytes(after)
-                return True
-            if len(seen) > LAUNCHER_OUTPUT_LIMIT + len(STARTED):
-                del seen[: len(seen) - LAUNCHER_OUTPUT_LIMIT - len(STARTED)]
-        self.launcher_output = seen.decode(errors="replace")
-        return False
 
     async def receive(self) -> bytes | None:
-        if self._rest:
-            rest, self._rest = self._rest, b""
-            return rest
-        return await _receive(self._stream)
+        try:
+            return await self._stream.receive(READ_CHUNK)
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            return None
 
 
-# Launcher failures that a new attempt may not meet (a host file replaced under the mount,
-# a resource exhausted for a moment), as the C library words them.
-_TRANSIENT = (
-    "No such file or directory",
-    "Device or resource busy",
-    "Resource temporarily unavailable",
-    "Cannot allocate memory",
-    "Interrupted system call",
-    "Stale file handle",
-    "No space left on device",
-    "Too many open files",
-)
-
-
-def _transient(message: str) -> bool:
-    return any(text in message for text in _TRANSIENT)
-
-
-async def _pump(stream: ByteReceiveStream | _Stderr, name: Any, on_output: OutputCallback) -> None:
-    while (chunk := await _receive(stream)) is not None:
+async def _pump(source: ChunkSource, name: Any, on_output: OutputCallback) -> None:
+    while (chunk := await source.receive()) is not None:
         await on_output(name, chunk)
 
 
-async def _drain(stream: ByteReceiveStream | _Stderr, into: bytearray) -> None:
-    while (chunk := await _receive(stream)) is not None:
+async def _drain(source: ChunkSource, into: bytearray) -> None:
+    while (chunk := await source.receive()) is not None:
         into.extend(chunk[: max(0, 4096 - len(into))])
 
 
@@ -795,3 +1039,12 @@ async def _feed(process: anyio.abc.Process, data: bytes) -> None:
     finally:
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             await process.stdin.aclose()
+
+
+async def _feed_pipe(pipe: Pipe, data: bytes) -> None:
+    try:
+        await pipe.send(data)
+    except BrokenPipeError:
+        pass  # the command exited without reading all its input: not an error
+    finally:
+        pipe.close()

@@ -32,7 +32,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Protocol
 
 from . import _layout, _seccomp
 from ._layout import SANDBOX_UID, SHIM_DIR, Layout
@@ -67,6 +67,64 @@ GUARANTEES = (
     "never PID 1 (self-signal exits 128+N)",
     "environment not in any argv",
 )
+
+
+LAUNCHER_OUTPUT_LIMIT = 64 * 1024  # what we keep of a failing launcher's messages
+
+
+class ChunkSource(Protocol):
+    async def receive(self) -> bytes | None:
+        """A chunk, or None at end of stream."""
+
+
+class LaunchOutput:
+    """A launched command's stderr: first what the launcher says, up to :data:`STARTED`,
+    then the command's own output (read it with :meth:`receive`)."""
+
+    def __init__(self, source: ChunkSource) -> None:
+        self._source = source
+        self._rest = b""
+        self.launcher_output = ""
+
+    async def started(self) -> bool:
+        """Read the launcher's part; True if the command started."""
+        seen = bytearray()
+        while (chunk := await self._source.receive()) is not None:
+            seen += chunk
+            before, marker, after = seen.partition(STARTED)
+            if marker:
+                self.launcher_output = before.decode(errors="replace")
+                self._rest = bytes(after)
+                return True
+            if len(seen) > LAUNCHER_OUTPUT_LIMIT + len(STARTED):
+                del seen[: len(seen) - LAUNCHER_OUTPUT_LIMIT - len(STARTED)]
+        self.launcher_output = seen.decode(errors="replace")
+        return False
+
+    async def receive(self) -> bytes | None:
+        if self._rest:
+            rest, self._rest = self._rest, b""
+            return rest
+        return await self._source.receive()
+
+
+# Launcher failures that a new attempt may not meet (a host file replaced under the mount,
+# a resource exhausted for a moment), as the C library words them.
+_TRANSIENT = (
+    "No such file or directory",
+    "Device or resource busy",
+    "Resource temporarily unavailable",
+    "Cannot allocate memory",
+    "Interrupted system call",
+    "Stale file handle",
+    "No space left on device",
+    "Too many open files",
+)
+
+
+def transient(message: str) -> bool:
+    """Whether a launcher's failure may pass (worth retrying)."""
+    return any(text in message for text in _TRANSIENT)
 
 
 class IsolationUnavailable(Exception):
@@ -234,6 +292,13 @@ class Native(Mechanism):
         super().__init__(seccomp=seccomp)
         self.cap_last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
 
+    def executor(self, layout: Layout, *, control: int, cgroups: Sequence[str]) -> Launch:
+        """The sandbox's resident executor, serving commands on the socket ``control``
+        (which the spawned process inherits; see ``_executor``)."""
+        launch = self.launch(layout, [], cwd="/", env={}, cgroups=cgroups, serve=control)
+        launch.fds.append(control)
+        return launch
+
     def launch(
         self,
         layout: Layout,
@@ -242,6 +307,7 @@ class Native(Mechanism):
         cwd: str,
         env: Mapping[str, str],
         cgroups: Sequence[str],
+        serve: int | None = None,
     ) -> Launch:
         ids = layout.host_ids
         spec = {
@@ -262,6 +328,7 @@ class Native(Mechanism):
             "cwd": cwd,
             "argv": list(argv),
             "env": layout.env(env),
+            "serve": serve,
         }
         import marshal
 

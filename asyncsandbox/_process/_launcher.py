@@ -5,6 +5,12 @@ Run by the process backend as ``python -I -S _launcher.py SPEC_FD`` (this file i
 imported by the package), with the command's stdin, stdout and stderr as fd 0, 1, 2 and
 the spec, one JSON object, readable from ``SPEC_FD``.
 
+With ``"serve"`` in the spec, init does not run one command: it stays, as the sandbox's
+resident executor, and runs the commands the backend sends over a control socket (see
+:func:`serve`); each command gets its own PID and mount namespaces (and so its own
+``/proc``) inside the sandbox's, so that it never sees the executor nor other commands,
+is never PID 1, and dies whole with its init.
+
 Like every mechanism of the backend, it speaks one protocol on stderr: whatever it writes
 there before :data:`STARTED` is its own (why the sandbox could not be set up, exit status
 125); the marker is the command's process's last act before ``execve``, so everything
@@ -175,6 +181,11 @@ def report(message: str) -> None:
 def launcher(spec_fd: int) -> None:
     with os.fdopen(spec_fd, "rb") as spec_file:
         spec = marshal.loads(spec_file.read())
+    if spec.get("serve") is not None:
+        # Imported now: after pivot_root the interpreter's library is out of reach.
+        global select, socket
+        import select
+        import socket
     parent = os.getppid()
     for procs in spec["cgroups"]:  # before anything else: every process is accounted
         write_file(procs, str(os.getpid()))
@@ -231,6 +242,8 @@ def init(spec: Spec) -> NoReturn:
         check(LIBC.sethostname(b"sandbox", 7), "set the host name")
         if spec["network"] == "none":
             loopback_up()
+        if spec.get("serve") is not None:
+            serve(spec, spec["serve"])  # never returns
         start(spec)
     except SetupError as exc:
         report(str(exc))
@@ -494,6 +507,143 @@ def forward(signum: int, frame: object) -> None:
             os.kill(COMMAND[0], signum)
         except ProcessLookupError:
             pass
+
+
+# -- the resident executor (serve mode) ----------------------------------------------------
+
+select: Any = None  # imported by the launcher in serve mode only
+socket: Any = None
+
+
+def serve(spec: Spec, control_fd: int) -> NoReturn:
+    """Run commands sent by the backend until it goes away.
+
+    Requests (marshal, one per SOCK_SEQPACKET record): ``{"op": "run", "id", "argv",
+    "env", "cwd"}`` with the command's stdin, stdout and stderr attached (SCM_RIGHTS);
+    ``{"op": "kill", "id"}``. Answers: ``{"id", "exit": status}`` once a command's
+    namespace is empty, or ``{"id", "error": message}`` if it could not be forked. A
+    command's own setup failures speak the stderr protocol (before :data:`STARTED`).
+    When the backend closes the socket (or dies), every command is killed and we exit.
+    """
+    prctl(PR_SET_DUMPABLE, 0, "make the executor undumpable")
+    control = socket.socket(fileno=control_fd)
+    os.set_inheritable(control_fd, False)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    for signum in FORWARDED:
+        signal.signal(signum, signal.SIG_IGN)
+    # Ready: the backend reads this marker; our own stdio is done with.
+    os.write(2, STARTED)
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    # Our own PID namespace: each command's namespace is made by unshare(), which then
+    # leaves pid_ns_for_children pointing at it; setns() back to ours before the next one
+    # (the kernel refuses a second unshare otherwise).
+    own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    running: dict[int, int] = {}  # command init pid -> request id
+    poller = select.poll()
+    poller.register(control_fd, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+
+    def answer(message: dict[str, Any]) -> None:
+        try:
+            control.send(marshal.dumps(message))
+        except OSError:
+            shut_down()
+
+    def shut_down() -> NoReturn:
+        for pid in running:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os._exit(0)  # we are PID 1: every process of the sandbox dies with us
+
+    while True:
+        try:
+            ready = poller.poll()
+        except InterruptedError:
+            continue
+        for fd, _ in ready:
+            if fd == wake_r:
+                try:
+                    while os.read(wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+                while True:
+                    try:
+                        pid, status = os.waitpid(-1, os.WNOHANG)
+                    except ChildProcessError:
+                        break
+                    if pid == 0:
+                        break
+                    if pid in running:
+                        answer({"id": running.pop(pid), "exit": exit_code(status)})
+                continue
+            try:
+                data, fds, _, _ = socket.recv_fds(control, 1 << 20, 3)
+            except OSError:
+                shut_down()
+            if not data:
+                shut_down()
+            request = marshal.loads(data)
+            if request["op"] == "kill":
+                for pid, request_id in running.items():
+                    if request_id == request["id"]:
+                        try:
+                            os.kill(pid, signal.SIGKILL)  # its init: the whole command
+                        except ProcessLookupError:
+                            pass
+                continue
+            try:
+                check(LIBC.setns(own_pid_ns, CLONE_NEWPID), "return to the sandbox's PID namespace")
+                pid = fork_command(spec, request, fds, (control_fd, wake_r, wake_w, own_pid_ns))
+            except (OSError, SetupError) as exc:
+                answer({"id": request["id"], "error": str(exc)})
+            else:
+                running[pid] = request["id"]
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+
+def fork_command(spec: Spec, request: dict[str, Any], fds: list[int], ours: tuple[int, ...]) -> int:
+    """Fork the init of one command, in a fresh PID namespace; return its pid."""
+    if len(fds) != 3:
+        raise SetupError(f"a command needs stdin, stdout and stderr, got {len(fds)} descriptors")
+    check(LIBC.unshare(CLONE_NEWPID), "create the command's PID namespace")
+    pid = os.fork()
+    if pid:
+        return pid
+    # The command's init: PID 1 of its namespace, with its own /proc.
+    try:
+        signal.set_wakeup_fd(-1)
+        for fd in ours:
+            os.close(fd)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for signum in FORWARDED:
+            signal.signal(signum, forward)
+        check(LIBC.unshare(CLONE_NEWNS), "create the command's mount namespace")
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        remount("/proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        start({**spec, **request})
+    except SetupError as exc:
+        report(str(exc))
+        os._exit(SETUP_FAILED)
+    except BaseException as exc:  # noqa: BLE001 - anything here means "not started"
+        report(f"{type(exc).__name__}: {exc}")
+        os._exit(SETUP_FAILED)
+    os._exit(reap())
 
 
 if __name__ == "__main__":

@@ -25,21 +25,15 @@ import pytest
 from asyncsandbox import ExecResult, Resources, Sandbox, SandboxDefaults, Session
 from asyncsandbox._process import ProcessAttributes
 
+from ..conftest import PROCESS_MECHANISMS, mechanism_unavailable, process_options
 from . import _host
 from ._report import REPORT
 from .conftest import new_process_root, unique_marker
 
-MECHANISMS = ("bwrap", "native")
+MECHANISMS = PROCESS_MECHANISMS
 IS_ROOT = os.geteuid() == 0
-
-
-def unavailable(mechanism: str) -> str | None:
-    forced = os.environ.get("ASYNCSANDBOX_PROCESS_ISOLATION")
-    if forced and forced != mechanism:
-        return f"ASYNCSANDBOX_PROCESS_ISOLATION={forced} forces another mechanism"
-    if mechanism == "bwrap" and shutil.which("bwrap") is None:
-        return "bubblewrap is not installed"
-    return None
+backend_options = process_options
+unavailable = mechanism_unavailable
 
 
 @pytest.fixture(params=MECHANISMS)
@@ -60,7 +54,7 @@ def root() -> Iterator[Path]:
 def session(root: Path, mechanism: str, **defaults: Any) -> Session:
     return Session(
         "process",
-        backend_options={"root": root, "isolation": mechanism},
+        backend_options={"root": root, **backend_options(mechanism)},
         defaults=SandboxDefaults(**defaults),
         sweep=False,
         report_to=[],

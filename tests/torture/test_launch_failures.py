@@ -26,14 +26,14 @@ from asyncsandbox import LaunchError, RetryPolicy, Session
 
 from ._report import REPORT
 from .conftest import new_process_root
-from .test_escapes import MECHANISMS, unavailable
+from .test_escapes import MECHANISMS, backend_options, unavailable
 
 CHURN = r"""
 import collections, ctypes, json, os, shutil, sys, threading
 import anyio
 import asyncsandbox
 
-mechanism, root, copy = sys.argv[1:4]
+options, root, copy = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, MS_REC, MS_PRIVATE, MS_BIND = 0x20000, 16384, 1 << 18, 4096
 assert libc.unshare(CLONE_NEWNS) == 0, os.strerror(ctypes.get_errno())
@@ -54,7 +54,7 @@ statuses, errors = collections.Counter(), collections.Counter()
 
 async def main():
     limits = asyncsandbox.Limits(max_execs=16)
-    options = {"root": root, "isolation": mechanism}
+    options["root"] = root
     async with asyncsandbox.Session(
         "process", backend_options=options, limits=limits, sweep=False, report_to=[]
     ) as s:
@@ -88,7 +88,14 @@ def test_host_replacing_etc_files_never_becomes_an_exit_status(
     root = new_process_root()
     try:
         done = subprocess.run(
-            [sys.executable, "-c", CHURN, mechanism, str(root), str(tmp_path / "etc")],
+            [
+                sys.executable,
+                "-c",
+                CHURN,
+                json.dumps(backend_options(mechanism)),
+                str(root),
+                str(tmp_path / "etc"),
+            ],
             capture_output=True,
             timeout=300,
             check=False,
@@ -121,7 +128,7 @@ async def test_a_sandbox_that_cannot_be_set_up_raises_launch_error(mechanism: st
     runs, exec raises LaunchError (not an exit status), the metrics count it; once /etc is
     back, the same sandbox works."""
     root = new_process_root()
-    options = {"root": root, "isolation": mechanism}
+    options = {"root": root, **backend_options(mechanism)}
     retries = RetryPolicy(attempts=2, backoff=0.01)
     try:
         async with (
@@ -146,7 +153,7 @@ async def test_a_sandbox_that_cannot_be_set_up_raises_launch_error(mechanism: st
 
 async def test_a_transient_launch_failure_is_retried(mechanism: str) -> None:
     root = new_process_root()
-    options = {"root": root, "isolation": mechanism}
+    options = {"root": root, **backend_options(mechanism)}
     retries = RetryPolicy(attempts=6, backoff=0.5, max_backoff=0.5)
     try:
         async with (

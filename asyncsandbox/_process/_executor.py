@@ -1,0 +1,240 @@
+"""The process backend's fast path: one resident executor per sandbox.
+
+Without it, every command builds the sandbox's namespaces and filesystem view afresh (a
+launcher per command, ~10-25 ms). With it, the native launcher builds them once, when the
+sandbox first runs something, and stays as the sandbox's init (``_launcher.serve``): a
+command then costs a fork in the sandbox plus one message each way on a control socket,
+and its output goes straight from the command to us through pipes it was handed.
+
+Trust model (what a command can and cannot do to the executor):
+
+* The executor is PID 1 of the sandbox's PID namespace; every command runs in a PID and
+  mount namespace of its own below it, with its own ``/proc``: it cannot see the executor,
+  nor another command, so it cannot signal, trace (seccomp denies ``ptrace`` anyway) or
+  read them. The executor is not dumpable, and holds the control socket close-on-exec:
+  no command ever has it, so none can forge a request or an answer.
+* A command's exit status comes from the executor's ``waitpid`` of the command's own init
+  (which reaps it and forwards signals), never from anything the command says; the only
+  thing read from the command's stderr is whether it got as far as ``execve`` (the
+  launcher's protocol), and the marker is written by our code before the command exists.
+* When the command's main process exits, its init kills what it left (the namespace
+  dies with it). A timeout or a cancellation asks the executor to kill the command's init;
+  if the executor does not confirm within ``Timeouts.cleanup`` it is given up (killed with
+  every command of the sandbox) and the sandbox goes on through a new one.
+* The sandbox's files, ``/tmp``, ``/dev/shm`` and network namespace are shared by its
+  commands (as in a container): one episode, one trust domain. Between sandboxes nothing
+  is shared, exactly as on the per-command path.
+* When the backend's process dies or closes the socket, the executor kills every command
+  and exits; so does it when the sandbox is removed.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import marshal
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from .._errors import InfrastructureError, LaunchError
+from ..abc import OutputCallback
+
+READ_CHUNK = 256 * 1024
+
+
+class ExecutorGone(InfrastructureError):
+    """The executor died or stopped answering; the commands it ran died with it."""
+
+
+class _Command:
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.exit: int | None = None
+        self.error: str | None = None
+
+
+class Executor:
+    """The host side of one sandbox's resident executor."""
+
+    def __init__(self, process: anyio.abc.Process, control: socket.socket) -> None:
+        self.process = process
+        self._control = control
+        self._commands: dict[int, _Command] = {}
+        self._next_id = 0
+        self._send_lock = anyio.Lock()
+        self._gone: str | None = None
+        self.last_used = anyio.current_time()
+
+    @property
+    def alive(self) -> bool:
+        return self._gone is None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._commands)
+
+    async def serve(self) -> None:
+        """Read the executor's answers until it goes (run in a task group)."""
+        try:
+            while True:
+                try:
+                    await anyio.wait_readable(self._control)
+                    data = self._control.recv(1 << 16)
+                except BlockingIOError:
+                    continue
+                except (OSError, anyio.ClosedResourceError) as exc:
+                    self._give_up(f"the control socket failed: {exc!r}")
+                    return
+                if not data:
+                    self._give_up("the executor exited")
+                    return
+                answer: dict[str, Any] = marshal.loads(data)
+                command = self._commands.get(answer["id"])
+                if command is not None:
+                    command.exit = answer.get("exit")
+                    command.error = answer.get("error")
+                    command.done.set()
+        finally:
+            if self._gone is None:
+                self._give_up("the executor was closed")
+
+    def _give_up(self, why: str) -> None:
+        if self._gone is None:
+            self._gone = why
+        for command in self._commands.values():
+            command.done.set()
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: int,
+        stdout: int,
+        stderr: int,
+    ) -> _Command:
+        """Ask the executor to run a command on these descriptors (ours to close)."""
+        self._check()
+        self._next_id += 1
+        command_id = self._next_id
+        command = self._commands[command_id] = _Command()
+        request = {"op": "run", "id": command_id, "argv": list(argv), "env": dict(env), "cwd": cwd}
+        try:
+            await self._send(marshal.dumps(request), [stdin, stdout, stderr])
+        except BaseException:
+            self._commands.pop(command_id, None)
+            raise
+        command.id = command_id  # type: ignore[attr-defined]
+        self.last_used = anyio.current_time()
+        return command
+
+    async def wait(self, command: _Command) -> int:
+        """The command's exit status, once its namespace is empty."""
+        try:
+            await command.done.wait()
+        finally:
+            self.last_used = anyio.current_time()
+        self._commands.pop(command.id, None)  # type: ignore[attr-defined]
+        if command.error is not None:
+            raise LaunchError(
+                f"the sandbox's executor could not start the command: {command.error}"
+            )
+        if command.exit is None:
+            raise ExecutorGone(
+                f"the sandbox's executor went away while the command ran ({self._gone}); "
+                "the command was killed with it"
+            )
+        return command.exit
+
+    async def kill(self, command: _Command) -> None:
+        """Kill the command's whole tree; return once the executor says it is gone."""
+        if command.done.is_set() or self._gone is not None:
+            return
+        with contextlib.suppress(OSError):
+            await self._send(marshal.dumps({"op": "kill", "id": command.id}), [])  # type: ignore[attr-defined]
+        await command.done.wait()
+
+    async def _send(self, data: bytes, fds: list[int]) -> None:
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        async with self._send_lock:
+            while True:
+                self._check()
+                try:
+                    self._control.sendmsg([data], ancillary)
+                    return
+                except BlockingIOError:
+                    await anyio.wait_writable(self._control)
+                except OSError as exc:
+                    self._give_up(f"the control socket failed: {exc}")
+                    self._check()
+
+    def _check(self) -> None:
+        if self._gone is not None:
+            raise ExecutorGone(f"the sandbox's executor is gone ({self._gone})")
+
+    async def aclose(self) -> None:
+        """Stop the executor (it kills every command) and reap it."""
+        self._give_up("the executor was closed")
+        anyio.notify_closing(self._control)  # wakes our reader (ClosedResourceError)
+        with contextlib.suppress(OSError):
+            self._control.close()
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(5):
+                await self.process.wait()
+            if self.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.process.kill()
+            await self.process.aclose()
+
+
+class Pipe:
+    """One end of a pipe, read or written without blocking the event loop (asyncio and
+    trio alike, through ``anyio.wait_readable``/``wait_writable``)."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self.fd: int | None = fd
+
+    async def receive(self) -> bytes | None:
+        """A chunk, or None at end of stream."""
+        while self.fd is not None:
+            try:
+                data = os.read(self.fd, READ_CHUNK)
+            except BlockingIOError:
+                try:
+                    await anyio.wait_readable(self.fd)
+                except anyio.ClosedResourceError:
+                    return None
+                continue
+            return data or None
+        return None
+
+    async def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view and self.fd is not None:
+            try:
+                written = os.write(self.fd, view)
+            except BlockingIOError:
+                try:
+                    await anyio.wait_writable(self.fd)
+                except anyio.ClosedResourceError:
+                    return
+                continue
+            view = view[written:]
+
+    def close(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            anyio.notify_closing(fd)  # wakes a task waiting on it (ClosedResourceError)
+            os.close(fd)
+
+
+async def pump(pipe: Pipe, name: Any, on_output: OutputCallback) -> None:
+    while (chunk := await pipe.receive()) is not None:
+        await on_output(name, chunk)
