@@ -28,6 +28,7 @@ from ._pool import Pool
 from ._runtime import Runtime
 from ._sandbox import Sandbox, SandboxOwner
 from .abc import Backend
+from .judge import Comparison, JudgeResult, Program, TestCase, judge
 
 __all__ = ("Session", "SessionStatistics")
 
@@ -291,6 +292,37 @@ class Session:
                 check=check,
                 max_output_bytes=max_output_bytes,
             )
+
+    async def judge(
+        self,
+        program: Program,
+        cases: Sequence[TestCase | Mapping[str, Any]],
+        *,
+        comparison: Comparison = "whitespace",
+        time_limit: float = 10.0,
+        memory_mb: int | None = None,
+        stop_on_failure: bool = False,
+        parallel: int = 4,
+        compile_timeout: float = 60.0,
+        output_limit: int = 1 << 20,
+    ) -> JudgeResult:
+        """Judge ``program`` on test ``cases`` in a fresh sandbox: compile once, run every
+        case, return typed verdicts and a score (see :mod:`asyncsandbox.judge`).
+
+        Cancellation: running cases are killed and the sandbox removed.
+        """
+        return await judge(
+            self,
+            program,
+            cases,
+            comparison=comparison,
+            time_limit=time_limit,
+            memory_mb=memory_mb,
+            stop_on_failure=stop_on_failure,
+            parallel=parallel,
+            compile_timeout=compile_timeout,
+            output_limit=output_limit,
+        )
 
     def submit(self, awaitable: Awaitable[T], *, name: str | None = None) -> Operation[T]:
         """Run ``awaitable`` in the session's background and return its handle at once.

@@ -62,6 +62,7 @@ from ._metrics import MetricsReporter
 from ._models import ExecResult, SandboxInfo, SandboxStatus
 from ._session import SessionStatistics
 from .abc import Backend
+from .judge import Comparison, JudgeResult, Program, TestCase
 
 # The async classes under private names only: `asyncsandbox.sync.Session` would be the
 # async Session, whose methods return coroutines that sync code never runs (see __getattr__).
@@ -650,6 +651,38 @@ class SyncSession:
             return self._session.sandbox(**overrides)
 
         return SyncSandbox(self, self._runtime.call("SyncSession.sandbox()", create))
+
+    def judge(
+        self,
+        program: Program,
+        cases: Sequence[TestCase | Mapping[str, Any]],
+        *,
+        comparison: Comparison = "whitespace",
+        time_limit: float = 10.0,
+        memory_mb: int | None = None,
+        stop_on_failure: bool = False,
+        parallel: int = 4,
+        compile_timeout: float = 60.0,
+        output_limit: int = 1 << 20,
+    ) -> Handle[JudgeResult]:
+        """Judge ``program`` on test ``cases`` in a fresh sandbox; return a handle at once
+        (see :meth:`asyncsandbox.Session.judge`).
+
+        Cancellation: cancelling the handle kills the running cases and removes the sandbox.
+        """
+        call = functools.partial(
+            self._session.judge,
+            program,
+            cases,
+            comparison=comparison,
+            time_limit=time_limit,
+            memory_mb=memory_mb,
+            stop_on_failure=stop_on_failure,
+            parallel=parallel,
+            compile_timeout=compile_timeout,
+            output_limit=output_limit,
+        )
+        return self._launch("judge", call)
 
     def run(
         self,

@@ -13,6 +13,7 @@ import asyncsandbox.compat
 import asyncsandbox.compat.aviato
 import asyncsandbox.compat.cwsandbox
 import asyncsandbox.demo
+import asyncsandbox.judge
 import asyncsandbox.log
 import asyncsandbox.sync
 import asyncsandbox.testing
@@ -25,6 +26,7 @@ PUBLIC_MODULES = [
     asyncsandbox.compat.cwsandbox,
     asyncsandbox.compat.aviato,
     asyncsandbox.demo,
+    asyncsandbox.judge,
     asyncsandbox.log,
     asyncsandbox.sync,
     asyncsandbox.testing,

@@ -1,0 +1,240 @@
+"""The judge on the process backend, with real compilers and interpreters."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from asyncsandbox import InvalidArgument, Limits, Session, sync
+from asyncsandbox.judge import (
+    Checker,
+    FloatTolerance,
+    JudgeResult,
+    Language,
+    Program,
+    TestCase,
+    Verdict,
+    judge,
+)
+
+ADD = TestCase(stdin="1 2\n", expected="3\n")
+ADD_CASES = [
+    ADD,
+    TestCase(stdin="40 2\n", expected="42\n"),
+    TestCase(stdin="-1 1\n", expected="0\n"),
+]
+PY_ADD = "a, b = map(int, input().split())\nprint(a + b)\n"
+CPP_ADD = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<'\\n';}\n"
+C_ADD = '#include <stdio.h>\nint main(){long a,b;scanf("%ld %ld",&a,&b);printf("%ld\\n",a+b);}\n'
+
+
+@pytest.fixture
+async def session(process_root: Path) -> AsyncIterator[Session]:
+    async with Session(
+        "process", backend_options={"root": process_root}, sweep=False, report_to=[]
+    ) as s:
+        yield s
+
+
+def verdicts(result: JudgeResult) -> list[Verdict]:
+    return [case.verdict for case in result.cases]
+
+
+@pytest.mark.parametrize(
+    ("language", "source"),
+    [("python", PY_ADD), ("cpp", CPP_ADD), ("c", C_ADD)],
+)
+async def test_a_correct_program_is_accepted(session: Session, language: str, source: str) -> None:
+    if language != "python" and shutil.which("g++") is None:
+        pytest.skip("no C/C++ compiler on this machine")
+    result = await session.judge(Program(source=source, language=language), ADD_CASES)
+    assert result.verdict == Verdict.ACCEPTED, result
+    assert (result.score, result.passed, result.total) == (1.0, 3, 3)
+    assert (result.compile is None) == (language == "python")
+    if result.compile is not None:
+        assert result.compile.returncode == 0
+
+
+async def test_each_failure_has_its_verdict(session: Session) -> None:
+    program = Program(
+        source=(
+            "import sys, os\n"
+            "n = int(input())\n"
+            "if n == 1: print(1)\n"  # right
+            "elif n == 2: print(3)\n"  # wrong
+            "elif n == 3: raise SystemExit(3)\n"  # runtime error
+            "elif n == 4:\n    while True: pass\n"  # time limit
+            "elif n == 5: x = bytearray(1 << 30)\n"  # memory limit
+            "elif n == 6: sys.stdout.write('x' * (1 << 22))\n"  # output limit
+            "elif n == 7: os.kill(os.getpid(), 11)\n"  # runtime error by a signal
+        )
+    )
+    cases = [TestCase(stdin=f"{n}\n", expected=f"{n}\n") for n in range(1, 8)]
+    result = await session.judge(program, cases, time_limit=2, memory_mb=256, parallel=2)
+    assert verdicts(result) == [
+        Verdict.ACCEPTED,
+        Verdict.WRONG_ANSWER,
+        Verdict.RUNTIME_ERROR,
+        Verdict.TIME_LIMIT,
+        Verdict.MEMORY_LIMIT,
+        Verdict.OUTPUT_LIMIT,
+        Verdict.RUNTIME_ERROR,
+    ], result
+    assert result.verdict == Verdict.WRONG_ANSWER  # the first failing case's
+    assert result.score == pytest.approx(1 / 7)
+    assert result.cases[2].returncode == 3
+    assert result.cases[6].signal == 11
+    assert "MemoryError" in result.cases[4].stderr
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler on this machine")
+async def test_a_compile_error_fails_every_case_once(session: Session) -> None:
+    result = await session.judge(Program(source="int main( {", language="cpp"), ADD_CASES)
+    assert result.verdict == Verdict.COMPILE_ERROR
+    assert verdicts(result) == [Verdict.COMPILE_ERROR] * 3
+    assert result.score == 0.0
+    assert result.compile is not None
+    assert result.compile.returncode != 0
+    assert "error" in result.compile.output
+
+
+async def test_comparisons(session: Session) -> None:
+    echo = Program(source="import sys; sys.stdout.write(sys.stdin.read())")
+    spaced = TestCase(stdin="1  2\n\n", expected="1 2\n")
+    assert (await session.judge(echo, [spaced], comparison="exact")).score == 0.0
+    assert (await session.judge(echo, [spaced], comparison="whitespace")).score == 1.0
+    trailing = TestCase(stdin="a b  \nc\n\n\n", expected="a b\nc")
+    assert (await session.judge(echo, [trailing], comparison="lines")).score == 1.0
+    assert (await session.judge(echo, [spaced], comparison="lines")).score == 0.0
+    floats = [TestCase(stdin="0.30000001 x\n", expected="0.3 x")]
+    assert (await session.judge(echo, floats, comparison=FloatTolerance(abs=1e-6))).score == 1.0
+    assert (
+        await session.judge(echo, floats, comparison=FloatTolerance(abs=1e-9, rel=0))
+    ).score == 0.0
+
+
+async def test_a_checker_decides_in_a_sandbox_of_its_own(session: Session) -> None:
+    """A checker accepting any permutation of the expected numbers; the judged program
+    tries to overwrite anything called checker on its way (it is not in its sandbox)."""
+    checker = Program(
+        source=(
+            "import sys\n"
+            "_, expected, output = (open(p).read().split() for p in sys.argv[1:])\n"
+            "ok = sorted(expected) == sorted(output)\n"
+            "print('permutation' if ok else 'not a permutation')\n"
+            "sys.exit(0 if ok else 1)\n"
+        )
+    )
+    program = Program(
+        source=(
+            "import glob\n"
+            "for path in glob.glob('/tmp/**/main.py', recursive=True): open(path, 'a')\n"
+            "print(*reversed(input().split()))\n"
+        )
+    )
+    cases = [TestCase(stdin="1 2 3\n", expected="1 2 3"), TestCase(stdin="1 1\n", expected="1 2")]
+    result = await session.judge(program, cases, comparison=Checker(program=checker))
+    assert verdicts(result) == [Verdict.ACCEPTED, Verdict.WRONG_ANSWER]
+    assert result.cases[0].message.strip() == "permutation"
+
+
+async def test_stop_on_failure_skips_the_rest(session: Session) -> None:
+    cases = [ADD, TestCase(stdin="1 1\n", expected="3\n"), ADD, ADD]
+    result = await session.judge(Program(source=PY_ADD), cases, stop_on_failure=True, parallel=1)
+    assert verdicts(result) == [
+        Verdict.ACCEPTED,
+        Verdict.WRONG_ANSWER,
+        Verdict.SKIPPED,
+        Verdict.SKIPPED,
+    ]
+    assert result.score == 0.25
+
+
+async def test_cases_run_in_parallel_in_one_sandbox(session: Session) -> None:
+    """Each case waits until three cases are in the sandbox at once: with parallel=3 all
+    pass (and they shared one sandbox: they see each other's files)."""
+    source = (
+        "import os, time, uuid\n"
+        "os.makedirs('/tmp/here', exist_ok=True)\n"
+        "open(f'/tmp/here/{uuid.uuid4()}', 'w').close()\n"
+        "deadline = time.time() + 20\n"
+        "while len(os.listdir('/tmp/here')) < 3 and time.time() < deadline: time.sleep(0.01)\n"
+        "print(min(len(os.listdir('/tmp/here')), 3))\n"
+    )
+    cases = [TestCase(expected="3")] * 3
+    result = await session.judge(Program(source=source), cases, parallel=3, time_limit=30)
+    assert result.verdict == Verdict.ACCEPTED, result
+
+
+async def test_a_program_cannot_forge_its_verdict(session: Session) -> None:
+    """Whatever it prints (what looks like a verdict or an exit status) and however it
+    ends its output, it is judged on its exit status and its output compared here."""
+    source = (
+        "import os, sys\n"
+        'print(\'{"verdict": "accepted", "exit": 0}\')\n'
+        "sys.stderr.write('\\x00asyncsandbox:started\\x00 accepted\\n')\n"
+        "sys.stdout.flush(); os.close(1)\n"
+        "os._exit(0)\n"
+    )
+    result = await session.judge(Program(source=source), [ADD])
+    assert result.verdict == Verdict.WRONG_ANSWER
+
+
+async def test_a_missing_compiler_is_infrastructure_not_a_wrong_answer(session: Session) -> None:
+    nope = Language(
+        name="nope", source="main.x", compile=("no-such-compiler", "{source}"), run=("./main",)
+    )
+    result = await session.judge(Program(source="x", language=nope), [ADD])
+    assert result.verdict == Verdict.INFRASTRUCTURE_ERROR
+    assert result.score is None
+    assert "no-such-compiler" in (result.error or "")
+
+
+async def test_a_dead_sandbox_is_infrastructure(session: Session) -> None:
+    """The judging sandbox removed under the judge: infrastructure, score None."""
+    async with session.sandbox() as sb:
+        await sb.exec(["true"])
+        from asyncsandbox._process import ProcessAttributes
+
+        shutil.rmtree(sb.extra(ProcessAttributes.root))
+        result = await judge(sb, Program(source=PY_ADD), [ADD])
+    assert result.verdict == Verdict.INFRASTRUCTURE_ERROR
+    assert result.score is None
+
+
+async def test_judging_in_a_given_sandbox(session: Session) -> None:
+    async with session.sandbox() as sb:
+        result = await judge(sb, Program(command=("python3", "-c", PY_ADD)), ADD_CASES)
+        assert result.score == 1.0
+        assert (await sb.exec(["true"])).returncode == 0  # the sandbox is still there
+
+
+def test_the_blocking_facade_judges_too(process_root: Path) -> None:
+    with sync.SyncSession(
+        "process", backend_options={"root": str(process_root)}, sweep=False, report_to=[],
+        limits=Limits(max_live=4),
+    ) as s:  # fmt: skip
+        handle = s.judge(Program(source=PY_ADD), ADD_CASES)
+        assert handle.result(timeout=120).score == 1.0
+
+
+async def test_bad_input_is_a_clear_error(session: Session) -> None:
+    program = Program(source=PY_ADD)
+    with pytest.raises(InvalidArgument, match="at least one test case"):
+        await session.judge(program, [])
+    with pytest.raises(InvalidArgument, match="comparison must be"):
+        await session.judge(program, [ADD], comparison="fuzzy")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="unknown language 'cobol'"):
+        Program(source="x", language="cobol")
+    with pytest.raises(InvalidArgument, match="a source or a command"):
+        Program()
+    with pytest.raises(InvalidArgument, match="time_limit must be > 0"):
+        await session.judge(program, [ADD], time_limit=0)
+    with pytest.raises(InvalidArgument, match="invalid test case"):
+        await session.judge(program, [{"stdin": 3}])
+    async with session.sandbox() as sb:
+        with pytest.raises(InvalidArgument, match="judge on a Session"):
+            await judge(sb, program, [ADD], comparison=Checker(program=program))
