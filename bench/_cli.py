@@ -374,5 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv and argv[0] == "cleanup":
         return cleanup()
+    if argv and argv[0] == "judge":
+        from . import _judge
+
+        return _judge.main(argv[1:])
     args = parser().parse_args(argv)
     return run(args, argv)
