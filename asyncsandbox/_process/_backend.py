@@ -309,7 +309,12 @@ class ProcessBackend(Backend):
         if self._uids is not None and mechanism.isolated:
             limits.add("disk_mb")
         self._caps = BackendCapabilities(
-            isolation=mechanism.describe(root=self._uids is not None),
+            isolation=mechanism.describe(root=self._uids is not None)
+            + (
+                "; commands forked by a resident executor per sandbox (fast path, native)"
+                if self._native is not None
+                else ""
+            ),
             enforced_limits=frozenset(limits),
             network_modes=frozenset({"none", "host"} if mechanism.isolated else {"host"}),
             reports_signal=False,
