@@ -59,6 +59,7 @@ from asyncsandbox import (
     SandboxOOMKilled,
     SandboxStatus,
     Session,
+    create_backend,
 )
 from asyncsandbox.abc import Backend
 from asyncsandbox.log import get_logger
@@ -402,9 +403,6 @@ class RemoteServer:
     def _make_backend(self) -> Backend:
         if self._backend_given is not None:
             return self._backend_given
-        # The registry is the core's private module; a public create_backend() would do.
-        from asyncsandbox._registry import create_backend
-
         return create_backend(self.config.backend, dict(self.config.backend_options))
 
     @asynccontextmanager
