@@ -333,6 +333,40 @@ async def test_a_command_that_cannot_be_started_crosses_the_wire_as_launch_error
         server.stop()
 
 
+def _answered(server: Server, operation: str) -> dict[str, int]:
+    """How many requests of ``operation`` the server answered, by status (its /metrics)."""
+    with server.client(None) as client:
+        text = client.get("/metrics").text
+    labels = rf'operation="{operation}",method="\w+",status="(\d+)"'
+    pattern = rf"asyncsandbox_remote_requests_total\{{{labels}\}} (\d+)"
+    return {status: int(count) for status, count in re.findall(pattern, text)}
+
+
+async def test_a_create_is_sent_once_per_attempt_of_the_session(server_dir: Path) -> None:
+    """Retries live in one layer. The served backend fails every create (retryably, after
+    the server's own Session tried it), and the client's Session sends the create exactly
+    once per attempt of its RetryPolicy. The client used to retry 502/503/504 answers and
+    lost answers itself, under the Session's attempts: 3 attempts sent 12 creates."""
+    server = Server(
+        server_dir / ("fake-" + uuid.uuid4().hex[:6]),
+        "--backend-option",
+        "create_failures=1000000",
+        backend="fake",
+    )
+    retries = RetryPolicy(attempts=3, backoff=0.01)
+    try:
+        async with Session(RemoteBackend(server.url, ALICE), retries=retries, sweep=False) as s:
+            with pytest.raises(BackendUnavailable, match="scripted create failure") as info:
+                await s.sandbox().start()
+            assert info.value.retryable  # what the Session retried
+            assert s.statistics().start_failures == 1
+        assert _answered(server, "create_sandbox") == {"503": 3}
+        # Each failed create was abandoned (its outcome unknown to a client): once each.
+        assert _answered(server, "abandon_create") == {"204": 3}
+    finally:
+        server.stop()
+
+
 async def test_a_kill_the_server_does_not_confirm_is_never_a_timeout(
     make_server: Callable[..., Server],
 ) -> None:

@@ -4,8 +4,22 @@ server (``asyncsandbox serve``), reached over HTTP with httpx.
 httpx runs on anyio, so this backend works on asyncio and trio. All policy stays where
 it belongs: the client's Session applies its limits, deadlines and retries as for any
 backend, and the server applies its own over its backend. This module only speaks the
-protocol, retries what is safe to retry, and translates every HTTP and transport failure
-into the asyncsandbox error tree at the boundary (users never see httpx exceptions).
+protocol and translates every HTTP and transport failure into the asyncsandbox error tree
+at the boundary (users never see httpx exceptions).
+
+Who retries what. Every call is retried by one layer only, so attempts never multiply:
+
+* The Session's runtime (:class:`~asyncsandbox.RetryPolicy`) retries the lifecycle calls
+  (create, attach, list, inspect, remove) when they fail with a ``retryable`` error: a
+  connection failure, a lost answer to a create that was then undone, a ``retryable``
+  error answer (503, 429, ...). This module sends each of them once per attempt.
+* The transport (:meth:`_Api.send`) retries only a request that was never sent: a
+  connection that could not be established (httpcore's rule), up to ``attempts`` tries.
+  It does so only for the calls the runtime does not retry: commands, files, archives,
+  and this backend's own calls (server info, lease renewals, cancelling a command,
+  abandoning a create). A request that was sent is never repeated here; a command is
+  never repeated at all, except by the runtime when it never ran (``LaunchError``, which
+  the server sends as final: its own Session retried it already).
 """
 
 from __future__ import annotations
@@ -55,7 +69,6 @@ __all__ = ("RemoteAttributes", "RemoteBackend")
 
 BASE_URL_ENV = "ASYNCSANDBOX_BASE_URL"
 API_KEY_ENV = "ASYNCSANDBOX_API_KEY"
-CLEANUP_DEADLINE = 10.0
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -137,7 +150,7 @@ def _first_message(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _transport_error(exc: httpx.HTTPError, base_url: str, what: str) -> SandboxError:
+def _transport_error(exc: httpx.HTTPError, base_url: str, what: str) -> BackendUnavailable:
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         return BackendUnavailable(
             f"cannot reach the sandbox server at {base_url} ({what}): {_first_message(exc)}",
@@ -156,6 +169,11 @@ def _transport_error(exc: httpx.HTTPError, base_url: str, what: str) -> SandboxE
     )
 
 
+def _unsent(exc: SandboxError) -> bool:
+    """Whether ``exc`` says a request never left: its connection could not be established."""
+    return isinstance(exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout)
+
+
 def _died(exc: SandboxError) -> SandboxError:
     """Inside a sandbox, "no such sandbox" means it is gone: the contract says SandboxDied."""
     if isinstance(exc, SandboxNotFound):
@@ -167,7 +185,7 @@ def _died(exc: SandboxError) -> SandboxError:
 
 
 class _Api:
-    """One pooled httpx client, with retries for what is safe to retry."""
+    """One pooled httpx client; retries only what was never sent (see the module docstring)."""
 
     def __init__(
         self,
@@ -180,6 +198,7 @@ class _Api:
         backoff: float,
         max_connections: int,
         verify: bool | str | ssl.SSLContext,
+        cleanup: float,
     ) -> None:
         self.base_url = base_url
         if isinstance(verify, str):
@@ -200,6 +219,8 @@ class _Api:
         )
         self.attempts = attempts
         self.backoff = backoff
+        self.cleanup = cleanup
+        """Seconds a shielded cleanup may take (the Session's ``Timeouts.cleanup``)."""
 
     async def _sleep(self, attempt: int) -> None:
         await anyio.sleep(random.uniform(0, min(2.0, self.backoff * 2 ** (attempt - 1))))
@@ -210,15 +231,16 @@ class _Api:
         path: str,
         *,
         what: str,
-        retry: bool,
+        reconnect: bool,
         stream: bool = False,
         params: Any = None,
         content: Any = None,
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
-        """Send a request; retry connection failures (nothing was sent) always, and
-        other transport failures and 502/503/504 answers only when ``retry`` (the call is
-        idempotent or idempotency-keyed). Answers are returned whatever their status."""
+        """Send a request once and return the answer, whatever its status. With
+        ``reconnect`` (a call the runtime does not retry), a connection that could not be
+        established is tried again, up to ``attempts`` tries: nothing was sent. Nothing
+        else is ever retried here."""
         attempt = 0
         while True:
             attempt += 1
@@ -226,19 +248,19 @@ class _Api:
                 method, path, params=params, content=content, headers=headers
             )
             try:
-                response = await self.client.send(request, stream=stream)
-            except httpx.HTTPError as exc:
-                unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-                if (unsent or retry) and attempt < self.attempts:
-                    log.debug("remote.client.retry", what=what, attempt=attempt, error=repr(exc))
+                return await self.client.send(request, stream=stream)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                # Raised while connecting, before the request was written (httpx raises
+                # them from the connection's setup only).
+                if reconnect and attempt < self.attempts:
+                    log.debug(
+                        "remote.client.reconnect", what=what, attempt=attempt, error=repr(exc)
+                    )
                     await self._sleep(attempt)
                     continue
                 raise _transport_error(exc, self.base_url, what) from exc
-            if retry and response.status_code in (502, 503, 504) and attempt < self.attempts:
-                await self._close(response)
-                await self._sleep(attempt)
-                continue
-            return response
+            except httpx.HTTPError as exc:
+                raise _transport_error(exc, self.base_url, what) from exc
 
     async def call(
         self,
@@ -246,7 +268,7 @@ class _Api:
         path: str,
         *,
         what: str,
-        retry: bool,
+        reconnect: bool,
         sandbox_id: str | None = None,
         params: Any = None,
         content: Any = None,
@@ -257,7 +279,7 @@ class _Api:
             method,
             path,
             what=what,
-            retry=retry,
+            reconnect=reconnect,
             params=params,
             content=content,
             headers=headers,
@@ -292,7 +314,7 @@ class _Api:
             method,
             path,
             what=what,
-            retry=False,
+            reconnect=True,  # commands and archives: the runtime never retries them
             stream=True,
             params=params,
             content=content,
@@ -309,19 +331,18 @@ class _Api:
         finally:
             await self._close(response)
 
-    @staticmethod
-    async def _close(response: httpx.Response) -> None:
+    async def _close(self, response: httpx.Response) -> None:
         # Shielded and bounded: the connection must be released even when we are cancelled
         # (closing it is what tells the server to kill a streaming command).
         with (
             anyio.CancelScope(shield=True),
-            anyio.move_on_after(CLEANUP_DEADLINE),
+            anyio.move_on_after(self.cleanup),
             suppress(httpx.HTTPError),
         ):
             await response.aclose()
 
     async def aclose(self) -> None:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.cleanup):
             await self.client.aclose()
 
 
@@ -338,9 +359,13 @@ class RemoteBackend(Backend):
     :param timeout: seconds any single read or write on the connection may take (the
         server pings silent commands, so long commands are fine).
     :param connect_timeout: seconds to establish a connection.
-    :param attempts: tries of a call that is safe to repeat (idempotent, or a create with
-        its idempotency key); connection failures, lost answers and 502/503/504 answers
-        are retried with jittered exponential backoff. Commands are never repeated.
+    :param attempts: tries of a request whose connection could not be established
+        (nothing was sent), with jittered exponential backoff from ``backoff`` seconds,
+        for the calls the Session does not retry itself: commands, files, archives and
+        this backend's own calls. Lifecycle calls (create, remove, ...) are retried by the
+        Session's :class:`~asyncsandbox.RetryPolicy` alone, and a request that was sent
+        is never repeated by the backend (see the module docstring). A create carries an
+        idempotency key: when its answer is lost, it is undone before it is retried.
     :param lease_seconds: lease asked for each sandbox (default: the server's). The
         backend renews the leases of its sandboxes in the background; when this process
         vanishes, the server removes them once the lease expires.
@@ -430,10 +455,10 @@ class RemoteBackend(Backend):
     async def __aenter__(self) -> Self:
         if self._closed or self._api is not None:
             raise InvalidArgument("a RemoteBackend can be opened once")
-        self._api = _Api(self.base_url, self._key, **self._options)
+        self._api = _Api(self.base_url, self._key, cleanup=self.timeouts.cleanup, **self._options)
         task_group = anyio.create_task_group()
         try:
-            response = await self._api.call("GET", "/v1/info", what="info", retry=True)
+            response = await self._api.call("GET", "/v1/info", what="info", reconnect=True)
             try:
                 info = w.INFO.decode(response.content)
             except msgspec.DecodeError as exc:
@@ -483,7 +508,7 @@ class RemoteBackend(Backend):
                     "POST",
                     "/v1/leases",
                     what="renew leases",
-                    retry=True,
+                    reconnect=True,
                     content=w.RENEWAL.encode(w.LeaseRenewal(ids=ids)),
                     headers=JSON_HEADERS,
                 )
@@ -510,22 +535,30 @@ class RemoteBackend(Backend):
             max_lifetime=spec.max_lifetime,
             lease_seconds=self._lease_seconds,
         )
+        api = self.api
         try:
-            response = await self.api.send(
+            response = await api.send(
                 "POST",
                 "/v1/sandboxes",
                 what="create",
-                retry=True,
+                reconnect=False,  # the Session retries creates (RetryPolicy)
                 content=w.CREATE.encode(body),
                 headers={**JSON_HEADERS, "idempotency-key": key},
             )
+        except BackendUnavailable as exc:
+            if _unsent(exc):
+                raise  # the server never saw this create: nothing to undo (retryable)
+            # Sent, and its answer lost: undo whatever it did. Once that is confirmed the
+            # create left nothing behind, and the Session may try again.
+            exc.retryable = await self._abandon(key)
+            raise
         except BaseException:
-            await self._abandon(key)  # cancelled or unreachable: the outcome is unknown
+            await self._abandon(key)  # cancelled: the outcome is unknown
             raise
         if response.status_code >= 500:
             await self._abandon(key)
         if response.status_code >= 400:
-            raise self.api.error(response, None)
+            raise api.error(response, None)
         try:
             description = w.DESCRIPTION.decode(response.content)
         except msgspec.DecodeError as exc:
@@ -533,26 +566,30 @@ class RemoteBackend(Backend):
             raise InfrastructureError(f"invalid answer to create: {exc}") from None
         return self._handle(description)
 
-    async def _abandon(self, key: str) -> None:
-        """Undo a create whose outcome we do not know (shielded, bounded)."""
-        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE):
+    async def _abandon(self, key: str) -> bool:
+        """Undo a create whose outcome we do not know (shielded, bounded); whether the
+        server confirmed that nothing of it is left."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.api.cleanup):
             try:
                 await self.api.call(
-                    "DELETE", f"/v1/creates/{key}", what="abandon create", retry=True
+                    "DELETE", f"/v1/creates/{key}", what="abandon create", reconnect=True
                 )
             except SandboxError as exc:
                 log.warning("remote.create.abandon_failed", error=str(exc))
+            else:
+                return True
+        return False
 
     async def attach(self, sandbox_id: str) -> SandboxHandle:
         response = await self.api.call(
-            "GET", _sandbox_path(sandbox_id), what="attach", retry=True, sandbox_id=sandbox_id
+            "GET", _sandbox_path(sandbox_id), what="attach", reconnect=False, sandbox_id=sandbox_id
         )
         return self._handle(_decode(w.DESCRIPTION, response))
 
     async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
         params = [("label", f"{key}={value}") for key, value in labels.items()]
         response = await self.api.call(
-            "GET", "/v1/sandboxes", what="list", retry=True, params=params
+            "GET", "/v1/sandboxes", what="list", reconnect=False, params=params
         )
         return [_info(item) for item in _decode(w.LIST, response).items]
 
@@ -650,13 +687,13 @@ class RemoteSandbox(SandboxHandle):
                 # Cancelled (or the link broke) while the command may run: kill it by id and
                 # wait until the server says its process tree is gone (shielded, bounded).
                 unconfirmed: str | None = "no answer"
-                with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(api.cleanup):
                     try:
                         await api.call(
                             "DELETE",
                             _sandbox_path(self._id, f"/execs/{exec_id}"),
                             what="cancel exec",
-                            retry=True,
+                            reconnect=True,
                             sandbox_id=self._id,
                         )
                         unconfirmed = None
@@ -744,7 +781,7 @@ class RemoteSandbox(SandboxHandle):
                 "GET",
                 _sandbox_path(self._id, "/files"),
                 what="read file",
-                retry=True,
+                reconnect=True,
                 sandbox_id=self._id,
                 params={"path": path, "max_bytes": max_bytes},
             )
@@ -758,7 +795,7 @@ class RemoteSandbox(SandboxHandle):
                 "PUT",
                 _sandbox_path(self._id, "/files"),
                 what="write file",
-                retry=True,  # PUT: writing the same bytes twice is writing them once
+                reconnect=True,
                 sandbox_id=self._id,
                 params={"path": path, "mode": format(mode, "o")},
                 content=data,
@@ -773,7 +810,7 @@ class RemoteSandbox(SandboxHandle):
                 "PUT",
                 _sandbox_path(self._id, "/archive"),
                 what="upload",
-                retry=False,  # a stream cannot be replayed
+                reconnect=True,  # the stream was not read yet when a connection failed
                 sandbox_id=self._id,
                 params={"path": path},
                 content=_aiter(archive),
@@ -802,14 +839,18 @@ class RemoteSandbox(SandboxHandle):
 
     async def inspect(self) -> SandboxInfo:
         response = await self._backend.api.call(
-            "GET", _sandbox_path(self._id), what="inspect", retry=True, sandbox_id=self._id
+            "GET", _sandbox_path(self._id), what="inspect", reconnect=False, sandbox_id=self._id
         )
         return _info(_decode(w.DESCRIPTION, response))
 
     async def remove(self) -> None:
         try:
             await self._backend.api.call(
-                "DELETE", _sandbox_path(self._id), what="remove", retry=True, sandbox_id=self._id
+                "DELETE",
+                _sandbox_path(self._id),
+                what="remove",
+                reconnect=False,
+                sandbox_id=self._id,
             )
         except SandboxNotFound:
             pass  # already gone: removing is idempotent
