@@ -37,12 +37,14 @@ from asyncsandbox_remote._openapi import openapi
 
 from asyncsandbox import (
     BackendUnavailable,
+    ExecTimeout,
     InvalidArgument,
     LaunchError,
     RetryPolicy,
     Sandbox,
     SandboxDied,
     Session,
+    Timeouts,
 )
 from asyncsandbox._process._backend import default_root
 from asyncsandbox.abc import Backend
@@ -375,7 +377,9 @@ async def test_a_kill_the_server_does_not_confirm_is_never_a_timeout(
     BackendUnavailable. It reported ExecTimeout, the command's own outcome ("it ran too
     long and was killed"), which a trainer scores."""
     server = make_server()
-    async with Session(RemoteBackend(server.url, ALICE), sweep=False) as s, s.sandbox() as sb:
+    backend = RemoteBackend(server.url, ALICE)
+    # Timeouts.cleanup bounds how long the client waits for the kill's confirmation.
+    async with Session(backend, timeouts=Timeouts(cleanup=5), sweep=False) as s, s.sandbox() as sb:
         async with sb.exec_stream(["sh", "-c", "echo up; exec sleep 600"], timeout=2) as run:
             async for chunk in run:
                 assert chunk.data == b"up\n"
@@ -387,6 +391,43 @@ async def test_a_kill_the_server_does_not_confirm_is_never_a_timeout(
             finally:
                 server.process.send_signal(signal.SIGCONT)
         assert (await sb.exec(["echo", "answering again"])).stdout == b"answering again\n"
+
+
+async def test_the_server_kills_a_command_at_its_timeout(
+    make_server: Callable[..., Server],
+) -> None:
+    """The client sends the command's timeout and the server enforces it: the command ends
+    with ExecTimeout carrying its output so far, soon after its timeout, killed by the
+    server, which ends the stream with the exit frame. That kill costs no request: the
+    client neither asked for it (cancel_exec) nor hung up (a disconnect kill). The client
+    used to leave the timeout out, and killed every timed-out command by id."""
+    server = make_server()
+    heartbeat = ["sh", "-c", "echo started; while true; do echo x >> t.hb; sleep 0.05; done"]
+
+    async def streamed(sb: Sandbox) -> None:
+        async with sb.exec_stream(heartbeat, timeout=1.5) as stream:
+            await stream.wait()
+
+    async with Session(RemoteBackend(server.url, ALICE), sweep=False) as s, s.sandbox() as sb:
+        for run in ("exec", "exec_stream"):
+            started = time.monotonic()
+            with pytest.raises(ExecTimeout) as info:
+                await (sb.exec(heartbeat, timeout=1.5) if run == "exec" else streamed(sb))
+            elapsed = time.monotonic() - started
+            assert 1.5 <= elapsed < 1.5 + 2.0, f"{run}: ended after {elapsed:.2f}s"
+            result = info.value.result
+            assert (result.stdout, result.timed_out, result.returncode) == (
+                b"started\n",
+                True,
+                137,
+            )
+            size = len(await sb.read_file("t.hb"))
+            await anyio.sleep(0.3)
+            assert len(await sb.read_file("t.hb")) == size, f"{run}: the command survived"
+    assert _answered(server, "exec_stream") == {"200": 2}
+    assert _answered(server, "cancel_exec") == {}
+    with server.client(None) as client:
+        assert "asyncsandbox_remote_disconnect_kills_total 0" in client.get("/metrics").text
 
 
 async def test_tls(make_server: Callable[..., Server], tmp_path: Path) -> None:

@@ -78,7 +78,6 @@ T = TypeVar("T")
 
 TENANT_TAG_PREFIX = "remote-tenant:"
 MAX_TOMBSTONES = 1024
-CANCEL_DEADLINE = 30.0
 DEFAULT_READ_LIMIT = 100 * 1024 * 1024
 LOOKAHEAD = 1024 * 1024
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
@@ -767,7 +766,7 @@ class RemoteServer:
             creation.state = "abandoned"
             if creation.scope is not None:
                 creation.scope.cancel()
-            with anyio.move_on_after(CANCEL_DEADLINE):
+            with anyio.move_on_after(self.config.timeouts.cleanup):
                 await creation.done.wait()
         elif creation.state == "done":
             creation.state = "abandoned"
@@ -976,7 +975,7 @@ class RemoteServer:
         else:
             activity.scope.cancel()
             # The runtime kills the process tree before the cancellation completes.
-            with anyio.move_on_after(CANCEL_DEADLINE):
+            with anyio.move_on_after(self.config.timeouts.cleanup):
                 await activity.done.wait()
         return Response(status_code=204)
 

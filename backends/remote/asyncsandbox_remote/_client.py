@@ -69,6 +69,13 @@ __all__ = ("RemoteAttributes", "RemoteBackend")
 
 BASE_URL_ENV = "ASYNCSANDBOX_BASE_URL"
 API_KEY_ENV = "ASYNCSANDBOX_API_KEY"
+MAX_TIMEOUT = 10 * 365 * 86400.0
+"""Longest command timeout the wire takes; a longer one is sent as none (the runtime
+enforces it all the same)."""
+TIMEOUT_GRACE = 1.0
+"""How long past a command's timeout the client waits for the server to report that it
+killed the command (the server starts the clock later, by the request's latency), before
+killing it by id instead."""
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -661,11 +668,21 @@ class RemoteSandbox(SandboxHandle):
     ) -> ExitStatus:
         api = self._backend.api
         exec_id = uuid.uuid4().hex
+        # The server enforces the command's timeout itself: it kills the process tree and
+        # ends the stream with the exit frame, which is all a timed-out command costs.
+        deadline = None if timeout is None else anyio.current_time() + timeout
         body = w.EXEC.encode(
-            w.ExecRequest(argv=list(argv), cwd=cwd, env=dict(env), stdin=stdin, exec_id=exec_id)
+            w.ExecRequest(
+                argv=list(argv),
+                cwd=cwd,
+                env=dict(env),
+                stdin=stdin,
+                timeout=timeout if timeout is not None and timeout <= MAX_TIMEOUT else None,
+                exec_id=exec_id,
+            )
         )
-        status: ExitStatus | None = None
-        refused = cancelled = False
+        frames: _Frames | None = None
+        over = cancelled = False  # over: the server said the command ended (or never ran)
         try:
             async with api.stream(
                 "POST",
@@ -675,33 +692,30 @@ class RemoteSandbox(SandboxHandle):
                 content=body,
                 headers=JSON_HEADERS,
             ) as response:
-                status = await self._frames(response, on_output)
+                frames = _Frames(self, response, on_output)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(frames.read)
+                    try:
+                        await frames.done.wait()
+                    except anyio.get_cancelled_exc_class():
+                        await frames.end_at(deadline, cleanup=api.cleanup)
+                        raise
+                return await frames.outcome()
         except SandboxError as exc:
-            refused = status is None and not isinstance(exc, BackendUnavailable)
+            # An error answer, or the error the server reported instead of an exit status:
+            # the command is over. Only a lost connection leaves it maybe running.
+            over = not isinstance(exc, BackendUnavailable)
             raise _died(exc) from exc.__cause__
         except anyio.get_cancelled_exc_class():
             cancelled = True
             raise
         finally:
-            if status is None and not refused:
+            if frames is not None and frames.over:
+                over = True
+            if not over:
                 # Cancelled (or the link broke) while the command may run: kill it by id and
                 # wait until the server says its process tree is gone (shielded, bounded).
-                unconfirmed: str | None = "no answer"
-                with anyio.CancelScope(shield=True), anyio.move_on_after(api.cleanup):
-                    try:
-                        await api.call(
-                            "DELETE",
-                            _sandbox_path(self._id, f"/execs/{exec_id}"),
-                            what="cancel exec",
-                            reconnect=True,
-                            sandbox_id=self._id,
-                        )
-                        unconfirmed = None
-                    except SandboxNotFound:
-                        unconfirmed = None  # the sandbox is gone, and the command with it
-                    except SandboxError as exc:
-                        log.debug("remote.exec.cancel_failed", error=str(exc))
-                        unconfirmed = str(exc)
+                unconfirmed = await self._kill(exec_id)
                 if cancelled and unconfirmed is not None:
                     # Not the cancellation: it would pass the command off as killed (and
                     # its timeout as its own outcome), while it may still run.
@@ -710,70 +724,27 @@ class RemoteSandbox(SandboxHandle):
                         f"the command was killed ({unconfirmed}); it may still run",
                         retryable=False,
                     )
-        assert status is not None
-        return status
 
-    async def _frames(self, response: httpx.Response, on_output: OutputCallback) -> ExitStatus:
-        buffer = bytearray()
-        status: ExitStatus | None = None
-        error: SandboxError | None = None
-        try:
-            raw = cast(AsyncGenerator[bytes, None], response.aiter_raw())
-            async with aclosing(raw) as chunks:
-                async for chunk in chunks:
-                    buffer += chunk
-                    start = 0
-                    while (end := buffer.find(b"\n", start)) >= 0:
-                        line = bytes(buffer[start:end])
-                        start = end + 1
-                        if line:
-                            ended = await self._frame(line, on_output)
-                            if isinstance(ended, ExitStatus):
-                                status = ended
-                            elif ended is not None:
-                                error = ended
-                    del buffer[:start]
-                    if len(buffer) > MAX_FRAME_BYTES:
-                        raise InfrastructureError("the server sent an exec frame over 64 MiB")
-        except httpx.HTTPError as exc:
-            if error is not None:
-                raise error from None
-            if status is not None:
-                return status  # the command's end arrived; only the connection's end was lost
-            raise _transport_error(exc, self._backend.base_url, "exec") from exc
-        # Raised once the stream was read to its end (the error frame is the last one): the
-        # connection is reused, and nothing of it is left to the garbage collector.
-        if error is not None:
-            raise error
-        if status is None:
-            raise InfrastructureError(
-                "the sandbox server ended the exec stream without the command's exit status",
-                retryable=False,
-            )
-        # Read to its end (the exit frame is the last one), so the connection is reused.
-        return status
-
-    async def _frame(
-        self, line: bytes, on_output: OutputCallback
-    ) -> ExitStatus | SandboxError | None:
-        """Deliver an output frame; return how the command ended (an exit status, or the
-        error the server reported) if this frame says so."""
-        try:
-            frame = w.decode_frame(line)
-        except msgspec.DecodeError as exc:
-            raise InfrastructureError(f"invalid exec frame from the server: {exc}") from None
-        if isinstance(frame, w.OutputFrame):
-            if frame.stream == "stdout":
-                await on_output("stdout", frame.data)
-            elif frame.stream == "stderr":
-                await on_output("stderr", frame.data)
-        elif isinstance(frame, w.ExitFrame):
-            return ExitStatus(
-                returncode=frame.returncode, signal=frame.signal, oom_killed=frame.oom_killed
-            )
-        elif isinstance(frame, w.ErrorFrame):
-            return _mapped(500, frame.error, base_url=self._backend.base_url, sandbox_id=self._id)
-        return None
+    async def _kill(self, exec_id: str) -> str | None:
+        """Kill a command by its id, shielded and bounded by ``Timeouts.cleanup``: None
+        once the server confirmed that its process tree is gone, else why it did not."""
+        api = self._backend.api
+        with anyio.CancelScope(shield=True), anyio.move_on_after(api.cleanup):
+            try:
+                await api.call(
+                    "DELETE",
+                    _sandbox_path(self._id, f"/execs/{exec_id}"),
+                    what="cancel exec",
+                    reconnect=True,
+                    sandbox_id=self._id,
+                )
+            except SandboxNotFound:
+                return None  # the sandbox is gone, and the command with it
+            except SandboxError as exc:
+                log.debug("remote.exec.cancel_failed", error=str(exc))
+                return str(exc)
+            return None
+        return "no answer"
 
     async def read_file(self, path: str, *, max_bytes: int) -> bytes:
         try:
@@ -856,6 +827,120 @@ class RemoteSandbox(SandboxHandle):
             pass  # already gone: removing is idempotent
         finally:
             self._backend._leased.discard(self._id)
+
+
+class _Frames:
+    """The frames of one command's exec stream, read by a task of their own in a shielded
+    scope: a cancellation of the exec never cuts a read short (httpx closes a connection
+    whose read was cancelled), so the exec can still receive the command's end from the
+    server, which enforces the command's timeout (:meth:`end_at`)."""
+
+    def __init__(
+        self, sandbox: RemoteSandbox, response: httpx.Response, on_output: OutputCallback
+    ) -> None:
+        self._sandbox = sandbox
+        self._response = response
+        self._on_output = on_output
+        self._scope = anyio.CancelScope(shield=True)
+        self.done = anyio.Event()
+        self._status: ExitStatus | None = None
+        self._timed_out = False
+        """The server killed the command at its timeout."""
+        self._error: Exception | None = None
+
+    @property
+    def over(self) -> bool:
+        """The server said the command ended (its exit status, or an error but a lost link)."""
+        return self._status is not None or (
+            self._error is not None and not isinstance(self._error, BackendUnavailable)
+        )
+
+    async def read(self) -> None:
+        """Read to the end of the stream (or until :meth:`end_at` gives up on it)."""
+        with self._scope:
+            try:
+                await self._read()
+            except Exception as exc:  # noqa: BLE001 - raised by outcome(), in the exec's task
+                self._error = exc
+        self.done.set()
+
+    async def end_at(self, deadline: float | None, *, cleanup: float) -> None:
+        """The exec is cancelled: stop reading, except when the cancellation is the
+        command's own timeout (it came within ``TIMEOUT_GRACE`` of ``deadline``). The
+        server kills the command then and sends its exit frame: wait for it, shielded,
+        for ``TIMEOUT_GRACE`` past the deadline (at most ``cleanup``). Without it, the
+        caller kills the command by id."""
+        with anyio.CancelScope(shield=True):
+            now = anyio.current_time()
+            if deadline is not None and deadline - now <= TIMEOUT_GRACE:
+                with anyio.move_on_after(min(deadline + TIMEOUT_GRACE - now, cleanup)):
+                    await self.done.wait()
+        self._scope.cancel()
+
+    async def outcome(self) -> ExitStatus:
+        """How the command ended, once :meth:`read` is done: its exit status, or the
+        error that stopped the stream."""
+        if self._error is not None:
+            raise self._error
+        assert self._status is not None
+        if self._timed_out:
+            # The server's timeout fired first, which means our own deadline has passed
+            # too (the server started the command after us) and its cancellation is on its
+            # way: a status returned now would be taken as the command's own end.
+            with anyio.move_on_after(TIMEOUT_GRACE):
+                await anyio.sleep_forever()
+        return self._status
+
+    async def _read(self) -> None:
+        buffer = bytearray()
+        sandbox = self._sandbox
+        try:
+            raw = cast(AsyncGenerator[bytes, None], self._response.aiter_raw())
+            async with aclosing(raw) as chunks:
+                async for chunk in chunks:
+                    buffer += chunk
+                    start = 0
+                    while (end := buffer.find(b"\n", start)) >= 0:
+                        line = bytes(buffer[start:end])
+                        start = end + 1
+                        if line:
+                            await self._frame(line)
+                    del buffer[:start]
+                    if len(buffer) > MAX_FRAME_BYTES:
+                        raise InfrastructureError("the server sent an exec frame over 64 MiB")
+        except httpx.HTTPError as exc:
+            if self._error is not None or self._status is not None:
+                return  # the command's end arrived; only the connection's end was lost
+            raise _transport_error(exc, sandbox._backend.base_url, "exec") from exc
+        # Read to its end (the exit or error frame is the last one): the connection is
+        # reused, and nothing of it is left to the garbage collector.
+        if self._error is None and self._status is None:
+            raise InfrastructureError(
+                "the sandbox server ended the exec stream without the command's exit status",
+                retryable=False,
+            )
+
+    async def _frame(self, line: bytes) -> None:
+        """Deliver an output frame; note how the command ended if this frame says so."""
+        try:
+            frame = w.decode_frame(line)
+        except msgspec.DecodeError as exc:
+            raise InfrastructureError(f"invalid exec frame from the server: {exc}") from None
+        if isinstance(frame, w.OutputFrame):
+            if frame.stream == "stdout":
+                await self._on_output("stdout", frame.data)
+            elif frame.stream == "stderr":
+                await self._on_output("stderr", frame.data)
+        elif isinstance(frame, w.ExitFrame):
+            self._status = ExitStatus(
+                returncode=frame.returncode, signal=frame.signal, oom_killed=frame.oom_killed
+            )
+            self._timed_out = frame.timed_out
+        elif isinstance(frame, w.ErrorFrame):
+            sandbox = self._sandbox
+            self._error = _mapped(
+                500, frame.error, base_url=sandbox._backend.base_url, sandbox_id=sandbox.id
+            )
 
 
 class _Chunks:
