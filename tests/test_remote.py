@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import io
 import os
 import re
 import secrets
@@ -19,9 +20,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from types import ModuleType
@@ -632,6 +634,109 @@ def test_no_secret_is_logged(make_server: Callable[..., Server]) -> None:
     assert "POST /v1/sandboxes" in logs
     for secret in (ALICE, BOB, BOB[:-2] + "zz", ALICE[6:], BOB[4:]):
         assert secret not in logs
+
+
+# -- archives -------------------------------------------------------------------------------
+
+
+def _tar(name: str, data: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+async def test_archive_transfers_hold_a_slot_of_the_server_session(
+    process_server: Server,
+) -> None:
+    """The server moves archives through the public Sandbox API, under its Session's
+    limits: a download or an upload in progress holds an ``execs`` slot, as a command
+    does. They went to the backend's handle directly, outside every limit."""
+    async with httpx.AsyncClient(
+        base_url=process_server.url, headers={"authorization": f"Bearer {ALICE}"}, timeout=60
+    ) as client:
+
+        async def execs_held() -> int:
+            text = (await client.get("/metrics")).text
+            found = re.search(r'session_slots_active\{limiter="execs"\} (\d+)', text)
+            assert found is not None, text
+            return int(found.group(1))
+
+        sandbox_id = (await client.post("/v1/sandboxes", json={})).json()["id"]
+        base = f"/v1/sandboxes/{sandbox_id}"
+        made = await client.post(
+            f"{base}/exec", json={"argv": ["sh", "-c", "head -c 32000000 /dev/urandom > big"]}
+        )
+        assert made.json()["returncode"] == 0
+        assert await execs_held() == 0
+        # A download past the server's look-ahead (1 MiB), its reader paused, then resumed.
+        async with client.stream("GET", f"{base}/archive", params={"path": "big"}) as download:
+            assert download.status_code == 200
+            received = 0
+            async for chunk in download.aiter_raw():
+                if not received:
+                    assert await execs_held() == 1
+                received += len(chunk)
+            assert received > 32_000_000
+        # An upload whose client pauses half way.
+        archive, resume = _tar("uploaded.txt", b"up\n" * 1000), anyio.Event()
+
+        async def body() -> AsyncIterator[bytes]:
+            yield archive[:1024]
+            await resume.wait()
+            yield archive[1024:]
+
+        uploaded: list[int] = []
+
+        async def upload() -> None:
+            answer = await client.put(f"{base}/archive", params={"path": "."}, content=body())
+            uploaded.append(answer.status_code)
+
+        async def held(count: int) -> None:
+            """Wait until ``count`` slots are held (the server's own pace: poll it)."""
+            with anyio.fail_after(30):
+                while await execs_held() != count:  # noqa: ASYNC110 - another process
+                    await anyio.sleep(0.05)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(upload)
+            await held(1)
+            resume.set()
+        assert uploaded == [204]
+        read = await client.get(f"{base}/files", params={"path": "uploaded.txt"})
+        assert read.content == b"up\n" * 1000
+        await held(0)
+        await client.delete(base)
+
+
+@pytest.mark.parametrize("first", ["archive", "exec"])
+def test_a_transfer_that_finds_its_sandbox_dead_marks_it_dead(
+    process_server: Server, first: str
+) -> None:
+    """The sandbox's directory is removed from outside. Whatever finds it first, an
+    archive transfer or a command, the served Sandbox remembers that it died: the server
+    then describes it as dead, and every later call answers 410. Through the backend's
+    handle, a transfer left the sandbox unmarked (and its record was dropped: 404)."""
+    assert process_server.root is not None
+    with process_server.client(ALICE) as alice:
+        sandbox_id = _create(alice)
+        base = f"/v1/sandboxes/{sandbox_id}"
+        assert alice.put(f"{base}/files", params={"path": "a"}, content=b"a").status_code == 204
+        shutil.rmtree(process_server.root / sandbox_id)
+        if first == "archive":
+            found = alice.get(f"{base}/archive", params={"path": "a"})
+        else:
+            found = alice.post(f"{base}/exec", json={"argv": ["true"]})
+        assert found.status_code == 410, found.text
+        assert found.json()["error"]["code"] == "sandbox_died"
+        described = alice.get(base)
+        assert described.status_code == 200, described.text
+        assert described.json()["status"] == "dead"
+        later = alice.get(f"{base}/archive", params={"path": "a"})
+        assert later.status_code == 410, later.text
+        assert alice.delete(base).status_code == 204
 
 
 # -- cancellation, leases, shutdown -------------------------------------------------------

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import posixpath
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -68,7 +67,7 @@ from . import _wire as w
 from ._config import ServerConfig, Tenant
 from ._metrics import Metrics
 from ._openapi import OPERATIONS, openapi
-from ._served import ServedAttributes, ServedBackend
+from ._served import ServedBackend
 
 __all__ = ("create_app",)
 
@@ -283,13 +282,6 @@ async def _until_disconnect(receive: Receive, work: Callable[[], Awaitable[None]
     return disconnected
 
 
-def _sandbox_path(value: str, workdir: str) -> str:
-    if "\x00" in value or not value or len(value) > 4096:
-        raise _bad_request("path must be a non-empty path without NUL bytes")
-    path = posixpath.normpath(posixpath.join(workdir, value))
-    return "/" + path.lstrip("/")
-
-
 def _valid_id(value: str) -> bool:
     return 0 < len(value) <= 255 and all(c in _ID_CHARS for c in value)
 
@@ -352,6 +344,40 @@ async def _start(send: Send, media_type: str) -> None:
             ],
         }
     )
+
+
+class _BodyStopped(SandboxError):
+    """Raised in a request body handed to the runtime (which lets asyncsandbox errors pass
+    untouched): the body could not be read to its end; :meth:`_Body.raise_stopped` says why."""
+
+
+class _Body:
+    """A streamed request body as chunks for the runtime, bounded by ``limit`` bytes."""
+
+    def __init__(self, request: Request, limit: int | None) -> None:
+        self._request = request
+        self._limit = limit
+        self._stopped: Exception | None = None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        total = 0
+        try:
+            async for chunk in self._request.stream():
+                total += len(chunk)
+                if self._limit is not None and total > self._limit:
+                    self._stopped = RemoteServer._too_large(self._limit)
+                    raise _BodyStopped("the request body is too large")
+                if chunk:
+                    yield chunk
+        except ClientDisconnect as exc:
+            self._stopped = exc
+            raise _BodyStopped("the client disconnected") from None
+
+    def raise_stopped(self) -> None:
+        """If the body stopped, raise why (413, or the client's disconnect), whatever the
+        backend made of it."""
+        if self._stopped is not None:
+            raise self._stopped from None
 
 
 # -- the server ---------------------------------------------------------------------------
@@ -1024,35 +1050,20 @@ class RemoteServer:
     async def upload_archive(self, request: Request) -> Response:
         tenant = self.authenticate(request)
         record = self.record(tenant, request.path_params["sandbox_id"])
-        target = _sandbox_path(self._query_path(request), record.workdir)
-        limit = self.config.max_upload_bytes
-        too_large = False
-
-        async def chunks() -> AsyncIterator[bytes]:
-            nonlocal too_large
-            total = 0
-            async for chunk in request.stream():
-                total += len(chunk)
-                if limit is not None and total > limit:
-                    too_large = True
-                    raise self._too_large(limit)
-                if chunk:
-                    yield chunk
-
+        path = self._query_path(request)
+        body = _Body(request, self.config.max_upload_bytes)
         async with self.use(tenant, record):
-            handle = record.sandbox.extra(ServedAttributes.handle)
             try:
-                await handle.put_archive(target, chunks())
-            except BaseException:
-                if too_large:
-                    raise self._too_large(limit or 0) from None
+                await record.sandbox.put_archive(path, body)
+            except Exception:
+                body.raise_stopped()
                 raise
         return Response(status_code=204)
 
     async def download_archive(self, request: Request) -> Response:
         tenant = self.authenticate(request)
         record = self.record(tenant, request.path_params["sandbox_id"])
-        target = _sandbox_path(self._query_path(request), record.workdir)
+        path = self._query_path(request)
 
         async def run(scope: Scope, receive: Receive, send: Send) -> None:
             started = False
@@ -1060,7 +1071,6 @@ class RemoteServer:
 
             async def work() -> None:
                 nonlocal started, failure
-                handle = record.sandbox.extra(ServedAttributes.handle)
 
                 async def emit(chunk: bytes) -> None:
                     nonlocal started
@@ -1076,7 +1086,7 @@ class RemoteServer:
                     # and a late error can only cut the stream.
                     head = bytearray()
                     ended = False
-                    async with handle.get_archive(target) as chunks:
+                    async with record.sandbox.get_archive(path) as chunks:
                         iterator = aiter(chunks)
                         while not ended and len(head) < LOOKAHEAD:
                             try:
