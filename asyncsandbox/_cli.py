@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -18,11 +17,15 @@ from ._models import SandboxInfo
 from ._owner import garbage_reason
 from ._registry import available_backends, create_backend
 from ._session import Session
+from .cli import COMMAND_GROUP, Command, parse_backend_options
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 
 def _configure_logging(verbosity: int) -> None:
     # The CLI is an application, so it may configure structlog (the library never does).
-    # Imported here: `asyncsandbox serve` imports this module (backend_options) at startup.
+    # Imported here, when a command runs: importing structlog costs a third of a second.
     import structlog
 
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
@@ -33,25 +36,10 @@ def _configure_logging(verbosity: int) -> None:
     )
 
 
-def backend_options(pairs: Sequence[str]) -> dict[str, Any]:
-    """``--backend-option KEY=VALUE`` pairs as keyword arguments (values parsed as JSON
-    when they are: numbers, booleans, null). Also used by ``asyncsandbox serve``."""
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--backend-option needs KEY=VALUE, got {pair!r}")
-        try:
-            options[key] = json.loads(value)  # numbers, booleans, null
-        except ValueError:
-            options[key] = value
-    return options
-
-
 def _session(args: argparse.Namespace, **defaults: Any) -> Session:
     return Session(
         args.backend,
-        backend_options=backend_options(args.backend_option),
+        backend_options=parse_backend_options(args.backend_option),
         defaults=SandboxDefaults(**defaults),
         sweep=False,
     )
@@ -81,7 +69,9 @@ async def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     return await run_demo(
-        args.backend, timeout=args.timeout, backend_options=backend_options(args.backend_option)
+        args.backend,
+        timeout=args.timeout,
+        backend_options=parse_backend_options(args.backend_option),
     )
 
 
@@ -180,8 +170,39 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
     "backends": _cmd_backends,
 }
 
+# Commands of our own plugins, by name: what they do, what they need, and what installs
+# it. Named here only so that `asyncsandbox --help` lists them and running one that is not
+# installed says what to install; the command itself comes from the plugin's entry point
+# (asyncsandbox.cli), as any third-party command does.
+PLUGIN_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "serve": (
+        "serve sandboxes over HTTP to remote clients",
+        "the remote backend",
+        "asyncsandbox[remote]",
+    ),
+}
 
-def _parser() -> argparse.ArgumentParser:
+
+def _plugin_commands() -> dict[str, EntryPoint]:
+    """The commands plugins add (entry-point group ``asyncsandbox.commands``), by name;
+    a built-in command's name cannot be taken."""
+    from importlib.metadata import entry_points  # not at import: it costs ~20 ms
+
+    return {ep.name: ep for ep in entry_points(group=COMMAND_GROUP) if ep.name not in COMMANDS}
+
+
+def _run_plugin_command(
+    name: str, found: EntryPoint | None, argv: list[str], verbosity: int
+) -> int:
+    if found is None:
+        _, needs, install = PLUGIN_COMMANDS[name]
+        print(f"asyncsandbox {name} needs {needs}: pip install '{install}'", file=sys.stderr)
+        return 2
+    command: Command = found.load()
+    return command(argv, verbosity=verbosity)
+
+
+def _parser(plugins: dict[str, EntryPoint]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncsandbox", description="Run untrusted code in isolated sandboxes."
     )
@@ -232,35 +253,25 @@ def _parser() -> argparse.ArgumentParser:
     gc.add_argument("--dry-run", action="store_true", help="only show what would be removed")
 
     sub.add_parser("backends", help="list backends and what they can do")
-    # Options are the server's own (asyncsandbox_remote.server); `serve --help` lists them.
-    sub.add_parser(
-        "serve",
-        add_help=False,
-        help="serve sandboxes over HTTP to remote clients (needs asyncsandbox[remote])",
-    )
+    for name in sorted(PLUGIN_COMMANDS.keys() | plugins.keys()):
+        if name in PLUGIN_COMMANDS:
+            does, _, install = PLUGIN_COMMANDS[name]
+            summary = f"{does} (needs {install})"
+        else:
+            dist = plugins[name].dist
+            summary = f"added by {dist.name if dist is not None else plugins[name].value}"
+        # The command parses its own options: `asyncsandbox NAME --help` lists them.
+        sub.add_parser(name, add_help=False, help=summary)
     return parser
 
 
-def _serve(argv: list[str], verbosity: int) -> int:
-    try:
-        from asyncsandbox_remote import server
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and "asyncsandbox_remote".startswith(exc.name):
-            print(
-                "asyncsandbox serve needs the remote backend: pip install 'asyncsandbox[remote]'",
-                file=sys.stderr,
-            )
-            return 2
-        raise
-    return server.main(argv, verbosity=verbosity)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    plugins = _plugin_commands()
+    parser = _parser(plugins)
     args, extra = parser.parse_known_args(argv)
-    if args.command == "serve":
+    if args.command not in COMMANDS:  # a plugin's: it parses what follows its name
         _configure_logging(args.verbose)
-        return _serve(extra, args.verbose)
+        return _run_plugin_command(args.command, plugins.get(args.command), extra, args.verbose)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "exec" and args.argv[:1] == ["--"]:

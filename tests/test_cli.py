@@ -220,3 +220,104 @@ def test_serve_reports_an_unavailable_backend(process_root: Path, tmp_path: Path
         "asyncsandbox serve: BackendUnavailable: cannot connect to the Docker daemon"
     ), done.stderr.decode()
     assert len(done.stderr.decode().splitlines()) == 1, done.stderr.decode()
+
+
+# -- commands that plugins add ------------------------------------------------------------------
+
+
+def site_packages() -> Path:
+    """Where this interpreter's distributions are installed (the workspace's venv)."""
+    import sysconfig
+
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+def python_with(site: Path, *args: str, root: Path) -> subprocess.CompletedProcess[bytes]:
+    """``python -m asyncsandbox ARGS`` seeing only the distributions installed in ``site``
+    (``-S``: not this venv's; ``site.addsitedir`` reads the editable installs' .pth files)."""
+    bootstrap = (
+        "import site, sys; site.addsitedir(sys.argv.pop(1)); "
+        "from asyncsandbox._cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    env = {**os.environ, "ASYNCSANDBOX_PROCESS_ROOT": str(root)}
+    env.pop("PYTHONPATH", None)
+    return subprocess.run(
+        [sys.executable, "-S", "-c", bootstrap, str(site), *args],
+        capture_output=True,
+        timeout=60,
+        env=env,
+        cwd=site,
+        check=False,
+    )
+
+
+def site_without(tmp_path: Path, *hidden: str) -> Path:
+    """A site directory with every distribution of this venv but those named ``hidden``
+    (their metadata and their editable install's .pth file left out): an installation
+    made without them."""
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    for entry in site_packages().iterdir():
+        if not any(
+            entry.name.startswith(h) or entry.name == f"_editable_impl_{h}.pth" for h in hidden
+        ):
+            (site / entry.name).symlink_to(entry)
+    return site
+
+
+def test_serve_without_the_remote_plugin_says_what_to_install(
+    process_root: Path, tmp_path: Path
+) -> None:
+    """The core never imports the server: ``serve`` comes from the remote distribution's
+    entry point; where that distribution is not installed, the command says what to install
+    (and ``--help`` still lists it)."""
+    site = site_without(tmp_path, "asyncsandbox_remote")
+    probe = python_with(site, "backends", root=process_root)
+    assert probe.returncode == 0, probe.stderr.decode()  # the core works without the plugin
+    done = python_with(site, "serve", "--listen", "127.0.0.1:0", root=process_root)
+    assert done.returncode == 2
+    assert done.stderr == (
+        b"asyncsandbox serve needs the remote backend: pip install 'asyncsandbox[remote]'\n"
+    )
+    listed = python_with(site, "--help", root=process_root).stdout.decode()
+    assert "serve sandboxes over HTTP to remote clients" in listed
+    # With the distribution installed (this venv), the same command line reaches the server.
+    usage = python_with(site_packages(), "serve", "--help", root=process_root)
+    assert usage.returncode == 0, usage.stderr.decode()
+    assert usage.stdout.decode().startswith("usage: asyncsandbox serve")
+
+
+PLUGIN = """
+import json, sys
+
+def main(argv, *, verbosity):
+    print(json.dumps({"argv": list(argv), "verbosity": verbosity}))
+    return 7
+
+def ls(argv, *, verbosity):
+    print("a plugin took a built-in command")
+    return 1
+"""
+
+
+def test_a_plugin_adds_a_command(process_root: Path, tmp_path: Path) -> None:
+    """A distribution registers a command under the entry-point group
+    ``asyncsandbox.commands``: the command line lists it, runs it with the arguments that
+    follow its name and the verbosity, and exits with its status. Built-in names stay
+    built in."""
+    site = site_without(tmp_path, "asyncsandbox_remote")
+    (site / "hello_plugin.py").write_text(PLUGIN)
+    info = site / "hello_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hello-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[asyncsandbox.commands]\nhello = hello_plugin:main\nls = hello_plugin:ls\n"
+    )
+    done = python_with(site, "-vv", "hello", "one", "--two", "3", root=process_root)
+    assert done.returncode == 7, done.stderr.decode()
+    assert json.loads(done.stdout) == {"argv": ["one", "--two", "3"], "verbosity": 2}
+    listed = python_with(site, "--help", root=process_root).stdout.decode()
+    assert "added by hello-plugin" in listed
+    builtin = python_with(site, "ls", root=process_root)
+    assert builtin.returncode == 0, builtin.stderr.decode()
+    assert builtin.stdout == b"no sandboxes\n"

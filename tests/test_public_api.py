@@ -9,6 +9,7 @@ import pytest
 
 import asyncsandbox
 import asyncsandbox.abc
+import asyncsandbox.cli
 import asyncsandbox.compat
 import asyncsandbox.compat.aviato
 import asyncsandbox.compat.cwsandbox
@@ -22,6 +23,7 @@ import asyncsandbox.tools
 PUBLIC_MODULES = [
     asyncsandbox,
     asyncsandbox.abc,
+    asyncsandbox.cli,
     asyncsandbox.compat,
     asyncsandbox.compat.cwsandbox,
     asyncsandbox.compat.aviato,

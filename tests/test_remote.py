@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import io
 import os
 import re
 import secrets
@@ -19,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -37,12 +39,14 @@ from asyncsandbox_remote._openapi import openapi
 
 from asyncsandbox import (
     BackendUnavailable,
+    ExecTimeout,
     InvalidArgument,
     LaunchError,
     RetryPolicy,
     Sandbox,
     SandboxDied,
     Session,
+    Timeouts,
 )
 from asyncsandbox._process._backend import default_root
 from asyncsandbox.abc import Backend
@@ -340,6 +344,40 @@ async def test_a_command_that_cannot_be_started_crosses_the_wire_as_launch_error
         server.stop()
 
 
+def _answered(server: Server, operation: str) -> dict[str, int]:
+    """How many requests of ``operation`` the server answered, by status (its /metrics)."""
+    with server.client(None) as client:
+        text = client.get("/metrics").text
+    labels = rf'operation="{operation}",method="\w+",status="(\d+)"'
+    pattern = rf"asyncsandbox_remote_requests_total\{{{labels}\}} (\d+)"
+    return {status: int(count) for status, count in re.findall(pattern, text)}
+
+
+async def test_a_create_is_sent_once_per_attempt_of_the_session(server_dir: Path) -> None:
+    """Retries live in one layer. The served backend fails every create (retryably, after
+    the server's own Session tried it), and the client's Session sends the create exactly
+    once per attempt of its RetryPolicy. The client used to retry 502/503/504 answers and
+    lost answers itself, under the Session's attempts: 3 attempts sent 12 creates."""
+    server = Server(
+        server_dir / ("fake-" + uuid.uuid4().hex[:6]),
+        "--backend-option",
+        "create_failures=1000000",
+        backend="fake",
+    )
+    retries = RetryPolicy(attempts=3, backoff=0.01)
+    try:
+        async with Session(RemoteBackend(server.url, ALICE), retries=retries, sweep=False) as s:
+            with pytest.raises(BackendUnavailable, match="scripted create failure") as info:
+                await s.sandbox().start()
+            assert info.value.retryable  # what the Session retried
+            assert s.statistics().start_failures == 1
+        assert _answered(server, "create_sandbox") == {"503": 3}
+        # Each failed create was abandoned (its outcome unknown to a client): once each.
+        assert _answered(server, "abandon_create") == {"204": 3}
+    finally:
+        server.stop()
+
+
 async def test_a_kill_the_server_does_not_confirm_is_never_a_timeout(
     make_server: Callable[..., Server],
 ) -> None:
@@ -348,7 +386,9 @@ async def test_a_kill_the_server_does_not_confirm_is_never_a_timeout(
     BackendUnavailable. It reported ExecTimeout, the command's own outcome ("it ran too
     long and was killed"), which a trainer scores."""
     server = make_server()
-    async with Session(RemoteBackend(server.url, ALICE), sweep=False) as s, s.sandbox() as sb:
+    backend = RemoteBackend(server.url, ALICE)
+    # Timeouts.cleanup bounds how long the client waits for the kill's confirmation.
+    async with Session(backend, timeouts=Timeouts(cleanup=5), sweep=False) as s, s.sandbox() as sb:
         async with sb.exec_stream(["sh", "-c", "echo up; exec sleep 600"], timeout=2) as run:
             async for chunk in run:
                 assert chunk.data == b"up\n"
@@ -360,6 +400,43 @@ async def test_a_kill_the_server_does_not_confirm_is_never_a_timeout(
             finally:
                 server.process.send_signal(signal.SIGCONT)
         assert (await sb.exec(["echo", "answering again"])).stdout == b"answering again\n"
+
+
+async def test_the_server_kills_a_command_at_its_timeout(
+    make_server: Callable[..., Server],
+) -> None:
+    """The client sends the command's timeout and the server enforces it: the command ends
+    with ExecTimeout carrying its output so far, soon after its timeout, killed by the
+    server, which ends the stream with the exit frame. That kill costs no request: the
+    client neither asked for it (cancel_exec) nor hung up (a disconnect kill). The client
+    used to leave the timeout out, and killed every timed-out command by id."""
+    server = make_server()
+    heartbeat = ["sh", "-c", "echo started; while true; do echo x >> t.hb; sleep 0.05; done"]
+
+    async def streamed(sb: Sandbox) -> None:
+        async with sb.exec_stream(heartbeat, timeout=1.5) as stream:
+            await stream.wait()
+
+    async with Session(RemoteBackend(server.url, ALICE), sweep=False) as s, s.sandbox() as sb:
+        for run in ("exec", "exec_stream"):
+            started = time.monotonic()
+            with pytest.raises(ExecTimeout) as info:
+                await (sb.exec(heartbeat, timeout=1.5) if run == "exec" else streamed(sb))
+            elapsed = time.monotonic() - started
+            assert 1.5 <= elapsed < 1.5 + 2.0, f"{run}: ended after {elapsed:.2f}s"
+            result = info.value.result
+            assert (result.stdout, result.timed_out, result.returncode) == (
+                b"started\n",
+                True,
+                137,
+            )
+            size = len(await sb.read_file("t.hb"))
+            await anyio.sleep(0.3)
+            assert len(await sb.read_file("t.hb")) == size, f"{run}: the command survived"
+    assert _answered(server, "exec_stream") == {"200": 2}
+    assert _answered(server, "cancel_exec") == {}
+    with server.client(None) as client:
+        assert "asyncsandbox_remote_disconnect_kills_total 0" in client.get("/metrics").text
 
 
 async def test_tls(make_server: Callable[..., Server], tmp_path: Path) -> None:
@@ -564,6 +641,109 @@ def test_no_secret_is_logged(make_server: Callable[..., Server]) -> None:
     assert "POST /v1/sandboxes" in logs
     for secret in (ALICE, BOB, BOB[:-2] + "zz", ALICE[6:], BOB[4:]):
         assert secret not in logs
+
+
+# -- archives -------------------------------------------------------------------------------
+
+
+def _tar(name: str, data: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+async def test_archive_transfers_hold_a_slot_of_the_server_session(
+    process_server: Server,
+) -> None:
+    """The server moves archives through the public Sandbox API, under its Session's
+    limits: a download or an upload in progress holds an ``execs`` slot, as a command
+    does. They went to the backend's handle directly, outside every limit."""
+    async with httpx.AsyncClient(
+        base_url=process_server.url, headers={"authorization": f"Bearer {ALICE}"}, timeout=60
+    ) as client:
+
+        async def execs_held() -> int:
+            text = (await client.get("/metrics")).text
+            found = re.search(r'session_slots_active\{limiter="execs"\} (\d+)', text)
+            assert found is not None, text
+            return int(found.group(1))
+
+        sandbox_id = (await client.post("/v1/sandboxes", json={})).json()["id"]
+        base = f"/v1/sandboxes/{sandbox_id}"
+        made = await client.post(
+            f"{base}/exec", json={"argv": ["sh", "-c", "head -c 32000000 /dev/urandom > big"]}
+        )
+        assert made.json()["returncode"] == 0
+        assert await execs_held() == 0
+        # A download past the server's look-ahead (1 MiB), its reader paused, then resumed.
+        async with client.stream("GET", f"{base}/archive", params={"path": "big"}) as download:
+            assert download.status_code == 200
+            received = 0
+            async for chunk in download.aiter_raw():
+                if not received:
+                    assert await execs_held() == 1
+                received += len(chunk)
+            assert received > 32_000_000
+        # An upload whose client pauses half way.
+        archive, resume = _tar("uploaded.txt", b"up\n" * 1000), anyio.Event()
+
+        async def body() -> AsyncIterator[bytes]:
+            yield archive[:1024]
+            await resume.wait()
+            yield archive[1024:]
+
+        uploaded: list[int] = []
+
+        async def upload() -> None:
+            answer = await client.put(f"{base}/archive", params={"path": "."}, content=body())
+            uploaded.append(answer.status_code)
+
+        async def held(count: int) -> None:
+            """Wait until ``count`` slots are held (the server's own pace: poll it)."""
+            with anyio.fail_after(30):
+                while await execs_held() != count:  # noqa: ASYNC110 - another process
+                    await anyio.sleep(0.05)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(upload)
+            await held(1)
+            resume.set()
+        assert uploaded == [204]
+        read = await client.get(f"{base}/files", params={"path": "uploaded.txt"})
+        assert read.content == b"up\n" * 1000
+        await held(0)
+        await client.delete(base)
+
+
+@pytest.mark.parametrize("first", ["archive", "exec"])
+def test_a_transfer_that_finds_its_sandbox_dead_marks_it_dead(
+    process_server: Server, first: str
+) -> None:
+    """The sandbox's directory is removed from outside. Whatever finds it first, an
+    archive transfer or a command, the served Sandbox remembers that it died: the server
+    then describes it as dead, and every later call answers 410. Through the backend's
+    handle, a transfer left the sandbox unmarked (and its record was dropped: 404)."""
+    assert process_server.root is not None
+    with process_server.client(ALICE) as alice:
+        sandbox_id = _create(alice)
+        base = f"/v1/sandboxes/{sandbox_id}"
+        assert alice.put(f"{base}/files", params={"path": "a"}, content=b"a").status_code == 204
+        shutil.rmtree(process_server.root / sandbox_id)
+        if first == "archive":
+            found = alice.get(f"{base}/archive", params={"path": "a"})
+        else:
+            found = alice.post(f"{base}/exec", json={"argv": ["true"]})
+        assert found.status_code == 410, found.text
+        assert found.json()["error"]["code"] == "sandbox_died"
+        described = alice.get(base)
+        assert described.status_code == 200, described.text
+        assert described.json()["status"] == "dead"
+        later = alice.get(f"{base}/archive", params={"path": "a"})
+        assert later.status_code == 410, later.text
+        assert alice.delete(base).status_code == 204
 
 
 # -- cancellation, leases, shutdown -------------------------------------------------------

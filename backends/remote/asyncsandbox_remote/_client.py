@@ -4,8 +4,22 @@ server (``asyncsandbox serve``), reached over HTTP with httpx.
 httpx runs on anyio, so this backend works on asyncio and trio. All policy stays where
 it belongs: the client's Session applies its limits, deadlines and retries as for any
 backend, and the server applies its own over its backend. This module only speaks the
-protocol, retries what is safe to retry, and translates every HTTP and transport failure
-into the asyncsandbox error tree at the boundary (users never see httpx exceptions).
+protocol and translates every HTTP and transport failure into the asyncsandbox error tree
+at the boundary (users never see httpx exceptions).
+
+Who retries what. Every call is retried by one layer only, so attempts never multiply:
+
+* The Session's runtime (:class:`~asyncsandbox.RetryPolicy`) retries the lifecycle calls
+  (create, attach, list, inspect, remove) when they fail with a ``retryable`` error: a
+  connection failure, a lost answer to a create that was then undone, a ``retryable``
+  error answer (503, 429, ...). This module sends each of them once per attempt.
+* The transport (:meth:`_Api.send`) retries only a request that was never sent: a
+  connection that could not be established (httpcore's rule), up to ``attempts`` tries.
+  It does so only for the calls the runtime does not retry: commands, files, archives,
+  and this backend's own calls (server info, lease renewals, cancelling a command,
+  abandoning a create). A request that was sent is never repeated here; a command is
+  never repeated at all, except by the runtime when it never ran (``LaunchError``, which
+  the server sends as final: its own Session retried it already).
 """
 
 from __future__ import annotations
@@ -55,7 +69,13 @@ __all__ = ("RemoteAttributes", "RemoteBackend")
 
 BASE_URL_ENV = "ASYNCSANDBOX_BASE_URL"
 API_KEY_ENV = "ASYNCSANDBOX_API_KEY"
-CLEANUP_DEADLINE = 10.0
+MAX_TIMEOUT = 10 * 365 * 86400.0
+"""Longest command timeout the wire takes; a longer one is sent as none (the runtime
+enforces it all the same)."""
+TIMEOUT_GRACE = 1.0
+"""How long past a command's timeout the client waits for the server to report that it
+killed the command (the server starts the clock later, by the request's latency), before
+killing it by id instead."""
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -137,7 +157,7 @@ def _first_message(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _transport_error(exc: httpx.HTTPError, base_url: str, what: str) -> SandboxError:
+def _transport_error(exc: httpx.HTTPError, base_url: str, what: str) -> BackendUnavailable:
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         return BackendUnavailable(
             f"cannot reach the sandbox server at {base_url} ({what}): {_first_message(exc)}",
@@ -156,6 +176,11 @@ def _transport_error(exc: httpx.HTTPError, base_url: str, what: str) -> SandboxE
     )
 
 
+def _unsent(exc: SandboxError) -> bool:
+    """Whether ``exc`` says a request never left: its connection could not be established."""
+    return isinstance(exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout)
+
+
 def _died(exc: SandboxError) -> SandboxError:
     """Inside a sandbox, "no such sandbox" means it is gone: the contract says SandboxDied."""
     if isinstance(exc, SandboxNotFound):
@@ -167,7 +192,7 @@ def _died(exc: SandboxError) -> SandboxError:
 
 
 class _Api:
-    """One pooled httpx client, with retries for what is safe to retry."""
+    """One pooled httpx client; retries only what was never sent (see the module docstring)."""
 
     def __init__(
         self,
@@ -180,6 +205,7 @@ class _Api:
         backoff: float,
         max_connections: int,
         verify: bool | str | ssl.SSLContext,
+        cleanup: float,
     ) -> None:
         self.base_url = base_url
         if isinstance(verify, str):
@@ -200,6 +226,8 @@ class _Api:
         )
         self.attempts = attempts
         self.backoff = backoff
+        self.cleanup = cleanup
+        """Seconds a shielded cleanup may take (the Session's ``Timeouts.cleanup``)."""
 
     async def _sleep(self, attempt: int) -> None:
         await anyio.sleep(random.uniform(0, min(2.0, self.backoff * 2 ** (attempt - 1))))
@@ -210,15 +238,16 @@ class _Api:
         path: str,
         *,
         what: str,
-        retry: bool,
+        reconnect: bool,
         stream: bool = False,
         params: Any = None,
         content: Any = None,
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
-        """Send a request; retry connection failures (nothing was sent) always, and
-        other transport failures and 502/503/504 answers only when ``retry`` (the call is
-        idempotent or idempotency-keyed). Answers are returned whatever their status."""
+        """Send a request once and return the answer, whatever its status. With
+        ``reconnect`` (a call the runtime does not retry), a connection that could not be
+        established is tried again, up to ``attempts`` tries: nothing was sent. Nothing
+        else is ever retried here."""
         attempt = 0
         while True:
             attempt += 1
@@ -226,19 +255,19 @@ class _Api:
                 method, path, params=params, content=content, headers=headers
             )
             try:
-                response = await self.client.send(request, stream=stream)
-            except httpx.HTTPError as exc:
-                unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-                if (unsent or retry) and attempt < self.attempts:
-                    log.debug("remote.client.retry", what=what, attempt=attempt, error=repr(exc))
+                return await self.client.send(request, stream=stream)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                # Raised while connecting, before the request was written (httpx raises
+                # them from the connection's setup only).
+                if reconnect and attempt < self.attempts:
+                    log.debug(
+                        "remote.client.reconnect", what=what, attempt=attempt, error=repr(exc)
+                    )
                     await self._sleep(attempt)
                     continue
                 raise _transport_error(exc, self.base_url, what) from exc
-            if retry and response.status_code in (502, 503, 504) and attempt < self.attempts:
-                await self._close(response)
-                await self._sleep(attempt)
-                continue
-            return response
+            except httpx.HTTPError as exc:
+                raise _transport_error(exc, self.base_url, what) from exc
 
     async def call(
         self,
@@ -246,7 +275,7 @@ class _Api:
         path: str,
         *,
         what: str,
-        retry: bool,
+        reconnect: bool,
         sandbox_id: str | None = None,
         params: Any = None,
         content: Any = None,
@@ -257,7 +286,7 @@ class _Api:
             method,
             path,
             what=what,
-            retry=retry,
+            reconnect=reconnect,
             params=params,
             content=content,
             headers=headers,
@@ -292,7 +321,7 @@ class _Api:
             method,
             path,
             what=what,
-            retry=False,
+            reconnect=True,  # commands and archives: the runtime never retries them
             stream=True,
             params=params,
             content=content,
@@ -309,19 +338,18 @@ class _Api:
         finally:
             await self._close(response)
 
-    @staticmethod
-    async def _close(response: httpx.Response) -> None:
+    async def _close(self, response: httpx.Response) -> None:
         # Shielded and bounded: the connection must be released even when we are cancelled
         # (closing it is what tells the server to kill a streaming command).
         with (
             anyio.CancelScope(shield=True),
-            anyio.move_on_after(CLEANUP_DEADLINE),
+            anyio.move_on_after(self.cleanup),
             suppress(httpx.HTTPError),
         ):
             await response.aclose()
 
     async def aclose(self) -> None:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.cleanup):
             await self.client.aclose()
 
 
@@ -338,9 +366,13 @@ class RemoteBackend(Backend):
     :param timeout: seconds any single read or write on the connection may take (the
         server pings silent commands, so long commands are fine).
     :param connect_timeout: seconds to establish a connection.
-    :param attempts: tries of a call that is safe to repeat (idempotent, or a create with
-        its idempotency key); connection failures, lost answers and 502/503/504 answers
-        are retried with jittered exponential backoff. Commands are never repeated.
+    :param attempts: tries of a request whose connection could not be established
+        (nothing was sent), with jittered exponential backoff from ``backoff`` seconds,
+        for the calls the Session does not retry itself: commands, files, archives and
+        this backend's own calls. Lifecycle calls (create, remove, ...) are retried by the
+        Session's :class:`~asyncsandbox.RetryPolicy` alone, and a request that was sent
+        is never repeated by the backend (see the module docstring). A create carries an
+        idempotency key: when its answer is lost, it is undone before it is retried.
     :param lease_seconds: lease asked for each sandbox (default: the server's). The
         backend renews the leases of its sandboxes in the background; when this process
         vanishes, the server removes them once the lease expires.
@@ -430,10 +462,10 @@ class RemoteBackend(Backend):
     async def __aenter__(self) -> Self:
         if self._closed or self._api is not None:
             raise InvalidArgument("a RemoteBackend can be opened once")
-        self._api = _Api(self.base_url, self._key, **self._options)
+        self._api = _Api(self.base_url, self._key, cleanup=self.timeouts.cleanup, **self._options)
         task_group = anyio.create_task_group()
         try:
-            response = await self._api.call("GET", "/v1/info", what="info", retry=True)
+            response = await self._api.call("GET", "/v1/info", what="info", reconnect=True)
             try:
                 info = w.INFO.decode(response.content)
             except msgspec.DecodeError as exc:
@@ -483,7 +515,7 @@ class RemoteBackend(Backend):
                     "POST",
                     "/v1/leases",
                     what="renew leases",
-                    retry=True,
+                    reconnect=True,
                     content=w.RENEWAL.encode(w.LeaseRenewal(ids=ids)),
                     headers=JSON_HEADERS,
                 )
@@ -510,22 +542,30 @@ class RemoteBackend(Backend):
             max_lifetime=spec.max_lifetime,
             lease_seconds=self._lease_seconds,
         )
+        api = self.api
         try:
-            response = await self.api.send(
+            response = await api.send(
                 "POST",
                 "/v1/sandboxes",
                 what="create",
-                retry=True,
+                reconnect=False,  # the Session retries creates (RetryPolicy)
                 content=w.CREATE.encode(body),
                 headers={**JSON_HEADERS, "idempotency-key": key},
             )
+        except BackendUnavailable as exc:
+            if _unsent(exc):
+                raise  # the server never saw this create: nothing to undo (retryable)
+            # Sent, and its answer lost: undo whatever it did. Once that is confirmed the
+            # create left nothing behind, and the Session may try again.
+            exc.retryable = await self._abandon(key)
+            raise
         except BaseException:
-            await self._abandon(key)  # cancelled or unreachable: the outcome is unknown
+            await self._abandon(key)  # cancelled: the outcome is unknown
             raise
         if response.status_code >= 500:
             await self._abandon(key)
         if response.status_code >= 400:
-            raise self.api.error(response, None)
+            raise api.error(response, None)
         try:
             description = w.DESCRIPTION.decode(response.content)
         except msgspec.DecodeError as exc:
@@ -533,26 +573,30 @@ class RemoteBackend(Backend):
             raise InfrastructureError(f"invalid answer to create: {exc}") from None
         return self._handle(description)
 
-    async def _abandon(self, key: str) -> None:
-        """Undo a create whose outcome we do not know (shielded, bounded)."""
-        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE):
+    async def _abandon(self, key: str) -> bool:
+        """Undo a create whose outcome we do not know (shielded, bounded); whether the
+        server confirmed that nothing of it is left."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.api.cleanup):
             try:
                 await self.api.call(
-                    "DELETE", f"/v1/creates/{key}", what="abandon create", retry=True
+                    "DELETE", f"/v1/creates/{key}", what="abandon create", reconnect=True
                 )
             except SandboxError as exc:
                 log.warning("remote.create.abandon_failed", error=str(exc))
+            else:
+                return True
+        return False
 
     async def attach(self, sandbox_id: str) -> SandboxHandle:
         response = await self.api.call(
-            "GET", _sandbox_path(sandbox_id), what="attach", retry=True, sandbox_id=sandbox_id
+            "GET", _sandbox_path(sandbox_id), what="attach", reconnect=False, sandbox_id=sandbox_id
         )
         return self._handle(_decode(w.DESCRIPTION, response))
 
     async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
         params = [("label", f"{key}={value}") for key, value in labels.items()]
         response = await self.api.call(
-            "GET", "/v1/sandboxes", what="list", retry=True, params=params
+            "GET", "/v1/sandboxes", what="list", reconnect=False, params=params
         )
         return [_info(item) for item in _decode(w.LIST, response).items]
 
@@ -624,11 +668,21 @@ class RemoteSandbox(SandboxHandle):
     ) -> ExitStatus:
         api = self._backend.api
         exec_id = uuid.uuid4().hex
+        # The server enforces the command's timeout itself: it kills the process tree and
+        # ends the stream with the exit frame, which is all a timed-out command costs.
+        deadline = None if timeout is None else anyio.current_time() + timeout
         body = w.EXEC.encode(
-            w.ExecRequest(argv=list(argv), cwd=cwd, env=dict(env), stdin=stdin, exec_id=exec_id)
+            w.ExecRequest(
+                argv=list(argv),
+                cwd=cwd,
+                env=dict(env),
+                stdin=stdin,
+                timeout=timeout if timeout is not None and timeout <= MAX_TIMEOUT else None,
+                exec_id=exec_id,
+            )
         )
-        status: ExitStatus | None = None
-        refused = cancelled = False
+        frames: _Frames | None = None
+        over = cancelled = False  # over: the server said the command ended (or never ran)
         try:
             async with api.stream(
                 "POST",
@@ -638,33 +692,30 @@ class RemoteSandbox(SandboxHandle):
                 content=body,
                 headers=JSON_HEADERS,
             ) as response:
-                status = await self._frames(response, on_output)
+                frames = _Frames(self, response, on_output)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(frames.read)
+                    try:
+                        await frames.done.wait()
+                    except anyio.get_cancelled_exc_class():
+                        await frames.end_at(deadline, cleanup=api.cleanup)
+                        raise
+                return await frames.outcome()
         except SandboxError as exc:
-            refused = status is None and not isinstance(exc, BackendUnavailable)
+            # An error answer, or the error the server reported instead of an exit status:
+            # the command is over. Only a lost connection leaves it maybe running.
+            over = not isinstance(exc, BackendUnavailable)
             raise _died(exc) from exc.__cause__
         except anyio.get_cancelled_exc_class():
             cancelled = True
             raise
         finally:
-            if status is None and not refused:
+            if frames is not None and frames.over:
+                over = True
+            if not over:
                 # Cancelled (or the link broke) while the command may run: kill it by id and
                 # wait until the server says its process tree is gone (shielded, bounded).
-                unconfirmed: str | None = "no answer"
-                with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_DEADLINE):
-                    try:
-                        await api.call(
-                            "DELETE",
-                            _sandbox_path(self._id, f"/execs/{exec_id}"),
-                            what="cancel exec",
-                            retry=True,
-                            sandbox_id=self._id,
-                        )
-                        unconfirmed = None
-                    except SandboxNotFound:
-                        unconfirmed = None  # the sandbox is gone, and the command with it
-                    except SandboxError as exc:
-                        log.debug("remote.exec.cancel_failed", error=str(exc))
-                        unconfirmed = str(exc)
+                unconfirmed = await self._kill(exec_id)
                 if cancelled and unconfirmed is not None:
                     # Not the cancellation: it would pass the command off as killed (and
                     # its timeout as its own outcome), while it may still run.
@@ -673,70 +724,27 @@ class RemoteSandbox(SandboxHandle):
                         f"the command was killed ({unconfirmed}); it may still run",
                         retryable=False,
                     )
-        assert status is not None
-        return status
 
-    async def _frames(self, response: httpx.Response, on_output: OutputCallback) -> ExitStatus:
-        buffer = bytearray()
-        status: ExitStatus | None = None
-        error: SandboxError | None = None
-        try:
-            raw = cast(AsyncGenerator[bytes, None], response.aiter_raw())
-            async with aclosing(raw) as chunks:
-                async for chunk in chunks:
-                    buffer += chunk
-                    start = 0
-                    while (end := buffer.find(b"\n", start)) >= 0:
-                        line = bytes(buffer[start:end])
-                        start = end + 1
-                        if line:
-                            ended = await self._frame(line, on_output)
-                            if isinstance(ended, ExitStatus):
-                                status = ended
-                            elif ended is not None:
-                                error = ended
-                    del buffer[:start]
-                    if len(buffer) > MAX_FRAME_BYTES:
-                        raise InfrastructureError("the server sent an exec frame over 64 MiB")
-        except httpx.HTTPError as exc:
-            if error is not None:
-                raise error from None
-            if status is not None:
-                return status  # the command's end arrived; only the connection's end was lost
-            raise _transport_error(exc, self._backend.base_url, "exec") from exc
-        # Raised once the stream was read to its end (the error frame is the last one): the
-        # connection is reused, and nothing of it is left to the garbage collector.
-        if error is not None:
-            raise error
-        if status is None:
-            raise InfrastructureError(
-                "the sandbox server ended the exec stream without the command's exit status",
-                retryable=False,
-            )
-        # Read to its end (the exit frame is the last one), so the connection is reused.
-        return status
-
-    async def _frame(
-        self, line: bytes, on_output: OutputCallback
-    ) -> ExitStatus | SandboxError | None:
-        """Deliver an output frame; return how the command ended (an exit status, or the
-        error the server reported) if this frame says so."""
-        try:
-            frame = w.decode_frame(line)
-        except msgspec.DecodeError as exc:
-            raise InfrastructureError(f"invalid exec frame from the server: {exc}") from None
-        if isinstance(frame, w.OutputFrame):
-            if frame.stream == "stdout":
-                await on_output("stdout", frame.data)
-            elif frame.stream == "stderr":
-                await on_output("stderr", frame.data)
-        elif isinstance(frame, w.ExitFrame):
-            return ExitStatus(
-                returncode=frame.returncode, signal=frame.signal, oom_killed=frame.oom_killed
-            )
-        elif isinstance(frame, w.ErrorFrame):
-            return _mapped(500, frame.error, base_url=self._backend.base_url, sandbox_id=self._id)
-        return None
+    async def _kill(self, exec_id: str) -> str | None:
+        """Kill a command by its id, shielded and bounded by ``Timeouts.cleanup``: None
+        once the server confirmed that its process tree is gone, else why it did not."""
+        api = self._backend.api
+        with anyio.CancelScope(shield=True), anyio.move_on_after(api.cleanup):
+            try:
+                await api.call(
+                    "DELETE",
+                    _sandbox_path(self._id, f"/execs/{exec_id}"),
+                    what="cancel exec",
+                    reconnect=True,
+                    sandbox_id=self._id,
+                )
+            except SandboxNotFound:
+                return None  # the sandbox is gone, and the command with it
+            except SandboxError as exc:
+                log.debug("remote.exec.cancel_failed", error=str(exc))
+                return str(exc)
+            return None
+        return "no answer"
 
     async def read_file(self, path: str, *, max_bytes: int) -> bytes:
         try:
@@ -744,7 +752,7 @@ class RemoteSandbox(SandboxHandle):
                 "GET",
                 _sandbox_path(self._id, "/files"),
                 what="read file",
-                retry=True,
+                reconnect=True,
                 sandbox_id=self._id,
                 params={"path": path, "max_bytes": max_bytes},
             )
@@ -758,7 +766,7 @@ class RemoteSandbox(SandboxHandle):
                 "PUT",
                 _sandbox_path(self._id, "/files"),
                 what="write file",
-                retry=True,  # PUT: writing the same bytes twice is writing them once
+                reconnect=True,
                 sandbox_id=self._id,
                 params={"path": path, "mode": format(mode, "o")},
                 content=data,
@@ -773,7 +781,7 @@ class RemoteSandbox(SandboxHandle):
                 "PUT",
                 _sandbox_path(self._id, "/archive"),
                 what="upload",
-                retry=False,  # a stream cannot be replayed
+                reconnect=True,  # the stream was not read yet when a connection failed
                 sandbox_id=self._id,
                 params={"path": path},
                 content=_aiter(archive),
@@ -802,19 +810,137 @@ class RemoteSandbox(SandboxHandle):
 
     async def inspect(self) -> SandboxInfo:
         response = await self._backend.api.call(
-            "GET", _sandbox_path(self._id), what="inspect", retry=True, sandbox_id=self._id
+            "GET", _sandbox_path(self._id), what="inspect", reconnect=False, sandbox_id=self._id
         )
         return _info(_decode(w.DESCRIPTION, response))
 
     async def remove(self) -> None:
         try:
             await self._backend.api.call(
-                "DELETE", _sandbox_path(self._id), what="remove", retry=True, sandbox_id=self._id
+                "DELETE",
+                _sandbox_path(self._id),
+                what="remove",
+                reconnect=False,
+                sandbox_id=self._id,
             )
         except SandboxNotFound:
             pass  # already gone: removing is idempotent
         finally:
             self._backend._leased.discard(self._id)
+
+
+class _Frames:
+    """The frames of one command's exec stream, read by a task of their own in a shielded
+    scope: a cancellation of the exec never cuts a read short (httpx closes a connection
+    whose read was cancelled), so the exec can still receive the command's end from the
+    server, which enforces the command's timeout (:meth:`end_at`)."""
+
+    def __init__(
+        self, sandbox: RemoteSandbox, response: httpx.Response, on_output: OutputCallback
+    ) -> None:
+        self._sandbox = sandbox
+        self._response = response
+        self._on_output = on_output
+        self._scope = anyio.CancelScope(shield=True)
+        self.done = anyio.Event()
+        self._status: ExitStatus | None = None
+        self._timed_out = False
+        """The server killed the command at its timeout."""
+        self._error: Exception | None = None
+
+    @property
+    def over(self) -> bool:
+        """The server said the command ended (its exit status, or an error but a lost link)."""
+        return self._status is not None or (
+            self._error is not None and not isinstance(self._error, BackendUnavailable)
+        )
+
+    async def read(self) -> None:
+        """Read to the end of the stream (or until :meth:`end_at` gives up on it)."""
+        with self._scope:
+            try:
+                await self._read()
+            except Exception as exc:  # noqa: BLE001 - raised by outcome(), in the exec's task
+                self._error = exc
+        self.done.set()
+
+    async def end_at(self, deadline: float | None, *, cleanup: float) -> None:
+        """The exec is cancelled: stop reading, except when the cancellation is the
+        command's own timeout (it came within ``TIMEOUT_GRACE`` of ``deadline``). The
+        server kills the command then and sends its exit frame: wait for it, shielded,
+        for ``TIMEOUT_GRACE`` past the deadline (at most ``cleanup``). Without it, the
+        caller kills the command by id."""
+        with anyio.CancelScope(shield=True):
+            now = anyio.current_time()
+            if deadline is not None and deadline - now <= TIMEOUT_GRACE:
+                with anyio.move_on_after(min(deadline + TIMEOUT_GRACE - now, cleanup)):
+                    await self.done.wait()
+        self._scope.cancel()
+
+    async def outcome(self) -> ExitStatus:
+        """How the command ended, once :meth:`read` is done: its exit status, or the
+        error that stopped the stream."""
+        if self._error is not None:
+            raise self._error
+        assert self._status is not None
+        if self._timed_out:
+            # The server's timeout fired first, which means our own deadline has passed
+            # too (the server started the command after us) and its cancellation is on its
+            # way: a status returned now would be taken as the command's own end.
+            with anyio.move_on_after(TIMEOUT_GRACE):
+                await anyio.sleep_forever()
+        return self._status
+
+    async def _read(self) -> None:
+        buffer = bytearray()
+        sandbox = self._sandbox
+        try:
+            raw = cast(AsyncGenerator[bytes, None], self._response.aiter_raw())
+            async with aclosing(raw) as chunks:
+                async for chunk in chunks:
+                    buffer += chunk
+                    start = 0
+                    while (end := buffer.find(b"\n", start)) >= 0:
+                        line = bytes(buffer[start:end])
+                        start = end + 1
+                        if line:
+                            await self._frame(line)
+                    del buffer[:start]
+                    if len(buffer) > MAX_FRAME_BYTES:
+                        raise InfrastructureError("the server sent an exec frame over 64 MiB")
+        except httpx.HTTPError as exc:
+            if self._error is not None or self._status is not None:
+                return  # the command's end arrived; only the connection's end was lost
+            raise _transport_error(exc, sandbox._backend.base_url, "exec") from exc
+        # Read to its end (the exit or error frame is the last one): the connection is
+        # reused, and nothing of it is left to the garbage collector.
+        if self._error is None and self._status is None:
+            raise InfrastructureError(
+                "the sandbox server ended the exec stream without the command's exit status",
+                retryable=False,
+            )
+
+    async def _frame(self, line: bytes) -> None:
+        """Deliver an output frame; note how the command ended if this frame says so."""
+        try:
+            frame = w.decode_frame(line)
+        except msgspec.DecodeError as exc:
+            raise InfrastructureError(f"invalid exec frame from the server: {exc}") from None
+        if isinstance(frame, w.OutputFrame):
+            if frame.stream == "stdout":
+                await self._on_output("stdout", frame.data)
+            elif frame.stream == "stderr":
+                await self._on_output("stderr", frame.data)
+        elif isinstance(frame, w.ExitFrame):
+            self._status = ExitStatus(
+                returncode=frame.returncode, signal=frame.signal, oom_killed=frame.oom_killed
+            )
+            self._timed_out = frame.timed_out
+        elif isinstance(frame, w.ErrorFrame):
+            sandbox = self._sandbox
+            self._error = _mapped(
+                500, frame.error, base_url=sandbox._backend.base_url, sandbox_id=sandbox.id
+            )
 
 
 class _Chunks:

@@ -1,10 +1,10 @@
-"""The server's view of its backend: a thin wrapper that lets the server stream tar
-archives straight to a sandbox's handle and keep sandboxes on shutdown.
+"""The server's view of its backend: a thin wrapper that keeps sandboxes on shutdown.
 
-The server runs a real :class:`asyncsandbox.Session` over this wrapper, so every runtime
-policy (limits, deadlines, retries, cleanup) applies unchanged; the wrapper only
-delegates, except that :meth:`_ServedHandle.remove` does nothing once the server decided
-to keep its sandboxes (``--on-shutdown keep``).
+The server runs a real :class:`asyncsandbox.Session` over this wrapper, and uses its
+sandboxes only through the public :class:`asyncsandbox.Sandbox` (archives included), so
+every runtime policy (limits, deadlines, retries, error mapping, cleanup) applies
+unchanged; the wrapper only delegates, except that :meth:`_ServedHandle.remove` does
+nothing once the server decided to keep its sandboxes (``--on-shutdown keep``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, Self
 
-from anyio import TypedAttributeSet, typed_attribute
-
 from asyncsandbox import SandboxInfo
 from asyncsandbox.abc import (
     Backend,
@@ -26,13 +24,6 @@ from asyncsandbox.abc import (
     SandboxHandle,
     SandboxSpec,
 )
-
-
-class ServedAttributes(TypedAttributeSet):
-    """Typed attributes the server reads from its sandboxes (``sandbox.extra(...)``)."""
-
-    handle: SandboxHandle = typed_attribute()
-    """The backend's own handle, for streaming archives without a local copy."""
 
 
 class ServedBackend(Backend):
@@ -85,7 +76,7 @@ class _ServedHandle(SandboxHandle):
 
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
-        return {**self._inner.extra_attributes, ServedAttributes.handle: lambda: self._inner}
+        return self._inner.extra_attributes
 
     async def exec(
         self,

@@ -31,8 +31,8 @@ import anyio
 import msgspec
 
 from asyncsandbox import Limits, SandboxError, Timeouts
-from asyncsandbox._cli import backend_options
 from asyncsandbox.abc import Backend
+from asyncsandbox.cli import parse_backend_options
 
 from ._app import RemoteServer, create_app
 from ._config import KEYS_ENV, ServerConfig, Tenant, load_tenants
@@ -193,7 +193,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise SystemExit(f"--listen needs HOST:PORT, got {args.listen!r}")
     return ServerConfig(
         backend=args.backend,
-        backend_options=backend_options(args.backend_option),
+        backend_options=parse_backend_options(args.backend_option),
         host=host or "127.0.0.1",
         port=int(port),
         tls_cert=args.tls_cert,
@@ -225,7 +225,10 @@ def _say(message: str, stream: TextIO | None = None) -> None:
 
 
 def main(argv: Sequence[str] | None = None, *, verbosity: int = 0) -> int:
-    """``asyncsandbox serve``: parse ``argv``, serve until SIGTERM; the exit status."""
+    """``asyncsandbox serve``: parse ``argv``, serve until SIGTERM; the exit status.
+
+    The command line's ``serve`` (an :class:`asyncsandbox.cli.Command`, registered under
+    the entry-point group ``asyncsandbox.commands``)."""
     args = _parser().parse_args(argv)
     if not logging.getLogger().handlers:
         level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
