@@ -519,3 +519,25 @@ async def test_a_killed_executor_is_an_infrastructure_error_then_replaced(
             await anyio.sleep(0.05)
         assert processes_with(marker) == []
         assert (await sb.exec(["echo", "again"])).stdout == b"again\n"
+
+
+async def test_the_fast_path_leaks_no_descriptors(process_root: Path) -> None:
+    """Executors started and stopped, commands with and without stdin, file transfers: our
+    process holds no more descriptors afterwards (it leaked one per executor)."""
+
+    def descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def some_sandboxes(s: Session) -> None:
+        for _ in range(5):
+            async with s.sandbox() as sb:
+                await sb.exec(["true"])
+                await sb.exec(["cat"], stdin=b"data")
+                await sb.write_file("f", b"x")
+                assert await sb.read_file("f") == b"x"
+
+    async with fast_session(process_root) as s:
+        await some_sandboxes(s)  # warm up (the event loop's own descriptors)
+        before = descriptors()
+        await some_sandboxes(s)
+        assert descriptors() == before

@@ -15,7 +15,7 @@ import io
 import os
 import re
 import secrets
-import select
+import selectors
 import shutil
 import signal
 import subprocess
@@ -98,7 +98,9 @@ class Server:
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log)
         assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], 60)
+        with selectors.DefaultSelector() as selector:  # select() fails past fd 1023
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            ready = selector.select(60)
         line = self.process.stdout.readline().decode() if ready else ""
         if not line.startswith(("http://", "https://")):
             self.stop(signal.SIGKILL)

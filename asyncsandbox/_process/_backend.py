@@ -726,13 +726,16 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
             launch = native.executor(
                 self._layout, control=theirs.fileno(), cgroups=self._cgroup_files
             )
-            process = await anyio.open_process(
-                launch.argv,
-                stdin=-3,  # DEVNULL
-                env=launch.env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                start_new_session=True,
-                pass_fds=launch.fds,
-            )
+            try:
+                process = await anyio.open_process(
+                    launch.argv,
+                    stdin=-3,  # DEVNULL
+                    env=launch.env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                    start_new_session=True,
+                    pass_fds=[*launch.fds, theirs.fileno()],
+                )
+            finally:
+                launch.close()
         except BaseException:
             ours.close()
             raise

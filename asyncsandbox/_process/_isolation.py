@@ -294,10 +294,8 @@ class Native(Mechanism):
 
     def executor(self, layout: Layout, *, control: int, cgroups: Sequence[str]) -> Launch:
         """The sandbox's resident executor, serving commands on the socket ``control``
-        (which the spawned process inherits; see ``_executor``)."""
-        launch = self.launch(layout, [], cwd="/", env={}, cgroups=cgroups, serve=control)
-        launch.fds.append(control)
-        return launch
+        (the caller passes it to the spawned process too, and keeps it; see ``_executor``)."""
+        return self.launch(layout, [], cwd="/", env={}, cgroups=cgroups, serve=control)
 
     def launch(
         self,
