@@ -27,8 +27,16 @@ from ._operations import Operation
 from ._pool import Pool
 from ._runtime import Runtime
 from ._sandbox import Sandbox, SandboxOwner
-from .abc import Backend
-from .judge import Comparison, JudgeResult, Program, TestCase, judge
+from .abc import Backend, SandboxSpec
+from .judge import (
+    Comparison,
+    JudgeRequest,
+    JudgeResult,
+    JudgingBackend,
+    Program,
+    TestCase,
+    judge,
+)
 
 __all__ = ("Session", "SessionStatistics")
 
@@ -305,9 +313,11 @@ class Session:
         parallel: int = 4,
         compile_timeout: float = 60.0,
         output_limit: int = 1 << 20,
+        **overrides: Any,
     ) -> JudgeResult:
-        """Judge ``program`` on test ``cases`` in a fresh sandbox: compile once, run every
-        case, return typed verdicts and a score (see :mod:`asyncsandbox.judge`).
+        """Judge ``program`` on test ``cases`` in a fresh sandbox (``overrides`` configure
+        it as in :meth:`sandbox`): compile once, run every case, return typed verdicts and
+        a score (see :mod:`asyncsandbox.judge`).
 
         Cancellation: running cases are killed and the sandbox removed.
         """
@@ -322,7 +332,19 @@ class Session:
             parallel=parallel,
             compile_timeout=compile_timeout,
             output_limit=output_limit,
+            sandbox=overrides,
         )
+
+    def _sandbox_spec(self, overrides: Mapping[str, Any]) -> SandboxSpec:
+        """What the backend would be asked to create for ``session.sandbox(**overrides)``."""
+        self._check_open()
+        return self._runtime.spec(self.defaults.merged(dict(overrides)))
+
+    async def _judge_remotely(self, backend: JudgingBackend, request: JudgeRequest) -> JudgeResult:
+        """A judgement the backend runs where its sandboxes are (no deadline: judging
+        takes as long as its cases; errors translated like any backend call)."""
+        self._check_open()
+        return await self._runtime.translate(backend.judge(request))
 
     def submit(self, awaitable: Awaitable[T], *, name: str | None = None) -> Operation[T]:
         """Run ``awaitable`` in the session's background and return its handle at once.

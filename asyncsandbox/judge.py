@@ -34,7 +34,7 @@ import math
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import anyio
 import msgspec
@@ -42,12 +42,15 @@ import msgspec
 from . import _validate as check
 from ._errors import ExecTimeout, InfrastructureError, InvalidArgument
 from ._models import ExecResult
+from .abc import SandboxSpec
 
 if TYPE_CHECKING:
     from ._sandbox import Sandbox
     from ._session import Session
 
 __all__ = (
+    "JudgeRequest",
+    "JudgingBackend",
     "Language",
     "LANGUAGES",
     "Program",
@@ -236,6 +239,52 @@ class JudgeResult(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float = 0.0
 
 
+class JudgeRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A whole judgement, for a backend that judges where its sandboxes run
+    (:class:`JudgingBackend`): the arguments of :func:`judge`, and the sandbox to judge in."""
+
+    program: Program
+    cases: tuple[TestCase, ...]
+    comparison: str = "whitespace"
+    """``exact``, ``lines``, ``whitespace``, ``float`` (see ``float_tolerance``) or
+    ``checker`` (see ``checker``)."""
+    float_tolerance: FloatTolerance | None = None
+    checker: Program | None = None
+    time_limit: float = 10.0
+    memory_mb: int | None = None
+    stop_on_failure: bool = False
+    parallel: int = 4
+    compile_timeout: float = 60.0
+    output_limit: int = 1 << 20
+    sandbox: SandboxSpec | None = None
+    """The sandbox to judge in (the session's defaults and the call's overrides)."""
+
+    def comparison_value(self) -> Comparison:
+        """The :data:`Comparison` this request asks for."""
+        if self.comparison == "float":
+            return self.float_tolerance or FloatTolerance()
+        if self.comparison == "checker":
+            if self.checker is None:
+                raise InvalidArgument("comparison 'checker' needs a checker program")
+            return Checker(program=self.checker)
+        if self.comparison not in ("exact", "lines", "whitespace"):
+            raise InvalidArgument(f"unknown comparison {self.comparison!r}")
+        return self.comparison  # type: ignore[return-value]
+
+
+@runtime_checkable
+class JudgingBackend(Protocol):
+    """A backend that judges where its sandboxes are (the remote backend: on its server),
+    in one round trip instead of one per case. :meth:`Session.judge` hands it the whole
+    request when the session's backend provides this; the result is the same."""
+
+    async def judge(self, request: JudgeRequest) -> JudgeResult:
+        """Judge ``request`` in a fresh sandbox of ``request.sandbox`` and remove it.
+
+        Cancellation: the running cases are killed and the sandbox removed.
+        """
+
+
 DIGEST = 4096
 _MEMORY_ERRORS = re.compile(
     rb"MemoryError|std::bad_alloc|Cannot allocate memory|out of memory|OutOfMemoryError"
@@ -255,6 +304,7 @@ async def judge(
     parallel: int = 4,
     compile_timeout: float = 60.0,
     output_limit: int = 1 << 20,
+    sandbox: Mapping[str, Any] | None = None,
 ) -> JudgeResult:
     """Judge ``program`` on ``cases`` (see the module docstring) in a fresh sandbox of the
     session ``target`` (removed afterwards), or in the started sandbox ``target``.
@@ -268,6 +318,8 @@ async def judge(
     :param parallel: cases running at once in the sandbox.
     :param compile_timeout: seconds for the build step.
     :param output_limit: bytes of output per case beyond which it is ``output_limit``.
+    :param sandbox: overrides of the session's defaults for the sandbox made to judge in
+        (``image``, ``resources``, ``env``, ...; as :meth:`Session.sandbox`).
 
     Cancellation: running cases are killed; the sandbox made for the call is removed.
     """
@@ -291,8 +343,14 @@ async def judge(
         program, tests, comparison, time_limit, memory_mb, stop_on_failure, parallel,
         compile_timeout, output_limit,
     )  # fmt: skip
+    overrides = dict(sandbox or {})
     if isinstance(target, Session):
-        return await judge.on_session(target)
+        backend = target.backend
+        if isinstance(backend, JudgingBackend):
+            return await judge.delegated(target, backend, overrides)
+        return await judge.on_session(target, overrides)
+    if overrides:
+        raise InvalidArgument("sandbox overrides apply when judging on a Session")
     if isinstance(target, Sandbox):
         if isinstance(comparison, Checker):
             raise InvalidArgument(
@@ -360,15 +418,46 @@ class _Judge:
         self.output_limit = output_limit
         self.directory = f"/tmp/judge-{uuid.uuid4().hex[:8]}"
 
-    async def on_session(self, session: Session) -> JudgeResult:
+    async def on_session(self, session: Session, overrides: dict[str, Any]) -> JudgeResult:
         started = anyio.current_time()
         try:
-            async with session.sandbox() as sandbox:
+            async with session.sandbox(**overrides) as sandbox:
                 if isinstance(self.comparison, Checker):
-                    async with session.sandbox() as checker:
+                    async with session.sandbox(**overrides) as checker:
                         return await self.in_sandbox(sandbox, checker)
                 return await self.in_sandbox(sandbox, None)
         except InfrastructureError as exc:  # starting or removing a sandbox failed
+            return self._infrastructure(str(exc), started, (), None)
+
+    async def delegated(
+        self, session: Session, backend: JudgingBackend, overrides: dict[str, Any]
+    ) -> JudgeResult:
+        """The whole judgement through the backend (one round trip to a server)."""
+        started = anyio.current_time()
+        comparison = self.comparison
+        request = JudgeRequest(
+            program=self.program,
+            cases=self.cases,
+            comparison=(
+                "float"
+                if isinstance(comparison, FloatTolerance)
+                else "checker"
+                if isinstance(comparison, Checker)
+                else comparison
+            ),
+            float_tolerance=comparison if isinstance(comparison, FloatTolerance) else None,
+            checker=comparison.program if isinstance(comparison, Checker) else None,
+            time_limit=self.time_limit,
+            memory_mb=self.memory_mb,
+            stop_on_failure=self.stop_on_failure,
+            parallel=self.parallel,
+            compile_timeout=self.compile_timeout,
+            output_limit=self.output_limit,
+            sandbox=session._sandbox_spec(overrides),
+        )
+        try:
+            return await session._judge_remotely(backend, request)
+        except InfrastructureError as exc:
             return self._infrastructure(str(exc), started, (), None)
 
     async def in_sandbox(self, sandbox: Sandbox, checker: Sandbox | None) -> JudgeResult:

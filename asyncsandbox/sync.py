@@ -664,6 +664,7 @@ class SyncSession:
         parallel: int = 4,
         compile_timeout: float = 60.0,
         output_limit: int = 1 << 20,
+        **overrides: Any,
     ) -> Handle[JudgeResult]:
         """Judge ``program`` on test ``cases`` in a fresh sandbox; return a handle at once
         (see :meth:`asyncsandbox.Session.judge`).
@@ -681,6 +682,7 @@ class SyncSession:
             parallel=parallel,
             compile_timeout=compile_timeout,
             output_limit=output_limit,
+            **overrides,
         )
         return self._launch("judge", call)
 

@@ -238,3 +238,39 @@ async def test_bad_input_is_a_clear_error(session: Session) -> None:
     async with session.sandbox() as sb:
         with pytest.raises(InvalidArgument, match="judge on a Session"):
             await judge(sb, program, [ADD], comparison=Checker(program=program))
+
+
+async def test_the_sandbox_can_be_configured(session: Session) -> None:
+    program = Program(source="import os; print(os.environ['ANSWER'])")
+    result = await session.judge(program, [TestCase(expected="42")], env={"ANSWER": "42"})
+    assert result.score == 1.0
+
+
+async def test_a_judging_backend_gets_the_whole_request() -> None:
+    """A backend that judges where its sandboxes are (the remote one) gets one request:
+    the program, the cases, the comparison and the sandbox's spec."""
+    from asyncsandbox.judge import JudgeRequest
+    from asyncsandbox.testing import FakeBackend
+
+    requests: list[JudgeRequest] = []
+
+    class Judging(FakeBackend):
+        async def judge(self, request: JudgeRequest) -> JudgeResult:
+            requests.append(request)
+            return JudgeResult(verdict=Verdict.ACCEPTED, score=1.0, passed=1, total=1, cases=())
+
+    async with Session(Judging(), sweep=False, report_to=[]) as s:
+        result = await s.judge(
+            Program(source=PY_ADD),
+            [ADD],
+            comparison=FloatTolerance(abs=0.5),
+            time_limit=3,
+            image="img",
+        )
+    assert result.score == 1.0
+    [request] = requests
+    assert request.cases == (ADD,)
+    assert request.comparison_value() == FloatTolerance(abs=0.5)
+    assert request.time_limit == 3
+    assert request.sandbox is not None
+    assert request.sandbox.image == "img"
