@@ -4,6 +4,7 @@ import builtins
 import contextlib
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -272,6 +273,7 @@ class ProcessBackend(Backend):
         return self
 
     def _setup(self) -> None:
+        _raise_descriptor_limit()
         self.root.mkdir(parents=True, exist_ok=True, mode=0o711)
         self.root.chmod(0o711)
         for hidden in (".trash", ".etc"):
@@ -538,6 +540,25 @@ def _uid_range(value: object) -> tuple[int, int]:
         f"uid_range must be (first, count) with first >= 65536 and the range below 2**32 - 1, "
         f"got {value!r}"
     )
+
+
+def _raise_descriptor_limit() -> None:
+    """Lift this process's soft limit on open descriptors to its hard limit.
+
+    A live sandbox holds about six descriptors while a command runs (its executor's
+    channel, the command's pipes, a pidfd), so the usual soft limit of 1,024 for
+    unprivileged users runs out near 170 concurrent sandboxes, while the hard limit
+    (typically 2^19 or more) is the one the administrator meant. Python's own
+    selectors and subprocess handle descriptors above 1,023; nothing here uses select().
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (OSError, ValueError):  # a limit the kernel refuses (above fs.nr_open)
+            return
+        get_logger().debug("process.descriptors.raised", soft=soft, now=wanted)
 
 
 class ProcessSandbox(ShellFiles, SandboxHandle):
