@@ -38,6 +38,7 @@ from ._models import (
     OutputChunk as OutputChunk,
     SandboxInfo as SandboxInfo,
     SandboxStatus as SandboxStatus,
+    Snapshot as Snapshot,
 )
 from ._operations import Operation as Operation, as_completed as as_completed, wait as wait
 from ._registry import (
@@ -69,6 +70,7 @@ __all__ = (
     "OutputChunk",
     "SandboxInfo",
     "SandboxStatus",
+    "Snapshot",
     "SessionStatistics",
     "LimiterStatistics",
     "MetricsReporter",

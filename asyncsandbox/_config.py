@@ -71,6 +71,9 @@ class SandboxDefaults(_Config, frozen=True, kw_only=True, forbid_unknown_fields=
     """Seconds after which the sandbox is removed even if its owner forgot (or crashed)."""
     max_output_bytes: int = 1024 * 1024
     """Per stream and exec: output kept in memory beyond this is cut from the middle."""
+    from_snapshot: str | None = None
+    """Start from this :class:`Snapshot` (or its id) instead of an empty workdir, home and
+    ``/tmp``; the image is the snapshot's. Backends with ``capabilities.snapshots`` only."""
 
     def __post_init__(self) -> None:
         check.optional_text("image", self.image)
@@ -85,6 +88,7 @@ class SandboxDefaults(_Config, frozen=True, kw_only=True, forbid_unknown_fields=
         if self.max_lifetime == 0:
             raise InvalidArgument("max_lifetime must be > 0 or None")
         check.positive_int("max_output_bytes", self.max_output_bytes)
+        check.optional_text("from_snapshot", self.from_snapshot)
 
     def merged(self, overrides: dict[str, Any]) -> SandboxDefaults:
         """These defaults with per-sandbox ``overrides`` applied (see the class docstring)."""
@@ -95,6 +99,9 @@ class SandboxDefaults(_Config, frozen=True, kw_only=True, forbid_unknown_fields=
                 f"known: {', '.join(self.__struct_fields__)}"
             )
         changes = dict(overrides)
+        snapshot = changes.get("from_snapshot")
+        if snapshot is not None and not isinstance(snapshot, str):
+            changes["from_snapshot"] = getattr(snapshot, "id", snapshot)  # a Snapshot
         if "tags" in changes:
             changes["tags"] = self.tags + check.tags(changes["tags"])
         if "env" in changes:
@@ -171,17 +178,26 @@ class WarmPool(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True):
     The pool holds sandboxes of the session's default spec (``session.sandbox()`` without
     overrides takes one; with overrides, a sandbox is created as usual) and refills in the
     background. A pooled sandbox goes to exactly one :class:`Sandbox` and is removed when
-    that one stops: never shared between episodes. Pooled sandboxes count toward
+    that one stops (or, with ``recycle``, reset): never shared between episodes. Pooled sandboxes count toward
     ``Limits.max_live``, and their ``max_lifetime`` counts from their creation.
     """
 
     size: int
     """How many ready sandboxes to keep."""
     max_age: float | None = 600.0
-    """Seconds after which an unused pooled sandbox is replaced by a fresh one."""
+    """Seconds after which an unused pooled sandbox is replaced by a fresh one (counted
+    from its creation, recycled or not)."""
+    recycle: bool = False
+    """Reuse sandboxes: when a sandbox of the pool's spec stops, it is reset to the
+    state it was created in (every process killed, every writable place restored) and
+    returns to the pool, instead of being removed and replaced by a new one. A sandbox
+    whose reset fails is removed (never handed over dirty). Backends with
+    ``capabilities.reset`` only: the session refuses to open otherwise."""
 
     def __post_init__(self) -> None:
         check.positive_int("size", self.size)
+        if not isinstance(self.recycle, bool):
+            raise InvalidArgument(f"recycle must be a bool, got {self.recycle!r}")
         check.seconds("max_age", self.max_age)
         if self.max_age == 0:
             raise InvalidArgument("max_age must be > 0 or None")

@@ -111,6 +111,9 @@ class Metrics:
         self.latencies: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self.capacity_wait = 0.0
         self.capacity_wait_max = 0.0
+        # Seconds of each snapshot, fork and reset in this window.
+        self.timings: dict[str, list[float]] = {"snapshot": [], "fork": [], "reset": []}
+        self.reset_failures = 0
 
     def started(self, seconds: float) -> None:
         self.sandboxes_created += 1
@@ -140,6 +143,9 @@ class Metrics:
             self.infrastructure_errors += infrastructure
         if duration is not None:
             self.latencies.append(duration)
+
+    def timed(self, operation: str, seconds: float) -> None:
+        self.timings[operation].append(seconds)
 
     def waited(self, seconds: float) -> None:
         self.capacity_wait += seconds
@@ -177,6 +183,13 @@ class Metrics:
             out[f"{p}avg_execs_per_sandbox"] = sum(counts) / len(counts)
             out[f"{p}min_execs_per_sandbox"] = min(counts)
             out[f"{p}max_execs_per_sandbox"] = max(counts)
+        for operation, seconds in self.timings.items():
+            if seconds:
+                out[f"{p}{operation}_count"] = len(seconds)
+                out[f"{p}avg_{operation}_seconds"] = sum(seconds) / len(seconds)
+                out[f"{p}max_{operation}_seconds"] = max(seconds)
+        if self.timings["reset"] or self.reset_failures:
+            out[f"{p}reset_failures"] = self.reset_failures
         if self.latencies:
             ordered = sorted(self.latencies)
             for q in (50, 90, 99):

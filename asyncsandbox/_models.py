@@ -7,7 +7,7 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ("ExecResult", "OutputChunk", "SandboxInfo", "SandboxStatus", "Stream")
+__all__ = ("ExecResult", "OutputChunk", "SandboxInfo", "SandboxStatus", "Snapshot", "Stream")
 
 Stream = Literal["stdout", "stderr"]
 
@@ -97,3 +97,15 @@ class SandboxInfo(msgspec.Struct, frozen=True, kw_only=True):
     created_at: float | None = None
     """Creation time as a Unix timestamp."""
     backend: str = ""
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """A sandbox's filesystem state at one moment (workdir, home, ``/tmp``, what was
+    installed; not its processes), from :meth:`Sandbox.snapshot`. Start any number of
+    sandboxes from it with ``session.sandbox(from_snapshot=snapshot)``. Deleted with its
+    session unless ``kept`` (then :meth:`Session.delete_snapshot` deletes it)."""
+
+    id: str
+    source: str
+    """The id of the sandbox it was taken of."""
+    kept: bool = False

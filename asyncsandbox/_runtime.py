@@ -15,7 +15,9 @@ The runtime never calls a :class:`Session` or a :class:`Sandbox`; what they need
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import math
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -93,6 +95,7 @@ class Runtime:
         self.counts.update(timed_out=0, failed=0)
         self._creating: set[anyio.CancelScope] = set()
         self._running: dict[str, int] = {}  # live sandbox id -> commands running in it
+        self.snapshots: set[str] = set()  # snapshots that go with the session
         self._unenforced_warned: set[frozenset[str]] = set()
         self._not_found_warned: set[str] = set()
 
@@ -151,6 +154,8 @@ class Runtime:
                 f"the {self.name!r} backend does not support network={config.network!r} "
                 f"(supported: {', '.join(sorted(caps.network_modes))})"
             )
+        if config.from_snapshot is not None:
+            self.check_capability("snapshots")
         wanted = {n for n in RESOURCE_LIMITS if getattr(config.resources, n) is not None}
         unenforced = frozenset(wanted - caps.enforced_limits)
         if unenforced and unenforced not in self._unenforced_warned:
@@ -171,7 +176,16 @@ class Runtime:
                 session_id=self.session_id, tags=config.tags, max_lifetime=config.max_lifetime
             ),
             max_lifetime=config.max_lifetime,
+            snapshot=config.from_snapshot,
         )
+
+    def check_capability(self, name: str) -> None:
+        """Raise :class:`InvalidArgument` unless the backend has ``capabilities.<name>``."""
+        if not getattr(self.backend.capabilities, name):
+            raise InvalidArgument(
+                f"the {self.name!r} backend does not support {name} here "
+                f"(its isolation: {self.backend.capabilities.isolation})"
+            )
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         """Create a sandbox under the limits; it holds a ``live`` slot until :meth:`remove`.
@@ -244,6 +258,63 @@ class Runtime:
                 "attach", lambda: self.backend.attach(sandbox_id), timeout=self.timeouts.operation
             )
             await self.call("remove", handle.remove, timeout=self.timeouts.remove)
+
+    def recycled(self, handle: SandboxHandle) -> None:
+        """Count a started sandbox as ended for its episode, though it stays alive (and
+        keeps its ``live`` slot) to be reset and handed to the next one."""
+        self._running.pop(handle.id, None)
+        self.counts["removed"] += 1
+        self.log.debug("sandbox.released", sandbox_id=handle.id)
+
+    # -- state ---------------------------------------------------------------------------
+
+    async def snapshot(self, handle: SandboxHandle, *, keep: bool) -> str:
+        """Snapshot a sandbox; unless ``keep``, the snapshot goes with the session.
+
+        Not retried (each attempt would make another snapshot); bounded by
+        ``Timeouts.create``. Cancellation: the backend leaves nothing.
+        """
+        self.check_capability("snapshots")
+        started = anyio.current_time()
+        with anyio.move_on_after(_deadline(self.timeouts.create)) as scope:
+            snapshot_id = await self.translate(handle.snapshot())
+        if scope.cancelled_caught:
+            raise BackendTimeout("snapshot", self.timeouts.create or 0)
+        if not keep:
+            self.snapshots.add(snapshot_id)
+        seconds = anyio.current_time() - started
+        self.metrics.timed("snapshot", seconds)
+        self.log.debug("sandbox.snapshot", sandbox_id=handle.id, snapshot_id=snapshot_id)
+        return snapshot_id
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Delete a snapshot (shielded; bounded by ``Timeouts.remove``)."""
+        self.snapshots.discard(snapshot_id)
+        with anyio.CancelScope(shield=True):
+            await self.call(
+                "delete_snapshot",
+                lambda: self.backend.delete_snapshot(snapshot_id),
+                timeout=self.timeouts.remove,
+            )
+
+    async def reset(self, handle: SandboxHandle) -> bool:
+        """Reset a released sandbox for its next episode; if that fails (or takes longer
+        than ``Timeouts.remove``), remove it instead and return False.
+
+        Cancellation: call it shielded.
+        """
+        started = anyio.current_time()
+        try:
+            with anyio.fail_after(_deadline(self.timeouts.remove)):
+                await self.translate(handle.reset())
+        except Exception as exc:  # noqa: BLE001 - any failure: the sandbox is not reused
+            self.metrics.reset_failures += 1
+            self.log.warning("sandbox.reset.failed", sandbox_id=handle.id, error=repr(exc))
+            with contextlib.suppress(SandboxError):
+                await self.remove(handle, started=False)
+            return False
+        self.metrics.timed("reset", anyio.current_time() - started)
+        return True
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -385,6 +456,10 @@ class Runtime:
                 f"{'' if timeout is None else f' (giving up after {timeout:g}s)'}; {cause}"
             ),
         )
+
+
+def _deadline(seconds: float | None) -> float:
+    return math.inf if seconds is None else seconds
 
 
 class _Translated:

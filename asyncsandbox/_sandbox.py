@@ -26,7 +26,7 @@ from ._errors import (
     SandboxDied,
     SandboxError,
 )
-from ._models import ExecResult, OutputChunk, SandboxInfo, Stream
+from ._models import ExecResult, OutputChunk, SandboxInfo, Snapshot, Stream
 from ._output import BoundedBuffer
 from ._util import single_error
 from .abc import ExitStatus, SandboxHandle
@@ -221,6 +221,8 @@ class Sandbox:
 
     async def stop(self) -> None:
         """Remove the sandbox: kill its commands, delete its files, release its slot.
+        (With a recycling warm pool, a sandbox of the pool's spec is reset and returns to
+        the pool instead: to the next episode, it is a fresh sandbox.)
 
         Idempotent, and it always releases: like ``trio.abc.AsyncResource.aclose``, an
         error means the removal was not graceful, never that the sandbox was kept (the
@@ -241,11 +243,71 @@ class Sandbox:
                 self._state = _CLOSED
                 if handle is not None:
                     try:
-                        await self._runtime.remove(handle)
+                        if not self._recycled(handle):
+                            await self._runtime.remove(handle)
                     finally:
                         self._owner.sandboxes.discard(self)
 
     aclose = stop
+
+    def _recycled(self, handle: SandboxHandle) -> bool:
+        pool = self._owner.pool
+        if pool is None or self._dead is not None or self.started_at is None:
+            return False
+        age = time.time() - self.started_at + (self.startup_seconds or 0.0)
+        return pool.recycle(handle, self.config, age)
+
+    # -- state --------------------------------------------------------------------------
+
+    async def snapshot(self, *, keep: bool = False) -> Snapshot:
+        """Freeze the sandbox's filesystem state (workdir, home, ``/tmp``, what was
+        installed; not its processes) into a :class:`Snapshot`, which
+        ``session.sandbox(from_snapshot=...)`` starts sandboxes from; this sandbox goes on.
+        Unless ``keep``, the snapshot is deleted with the session.
+
+        Take it between commands: commands running meanwhile are paused during the copy
+        where the backend can (the process backend as root, with cgroup v2); elsewhere a
+        snapshot is refused while commands run (:class:`InvalidArgument`).
+
+        Cancellation: nothing is left of a snapshot that was not returned.
+        """
+        if not isinstance(keep, bool):
+            raise InvalidArgument(f"keep must be a bool, got {keep!r}")
+        handle = await self._live_handle()
+        async with self._runtime.slot(handle.id):
+            snapshot_id = await self._guard(self._runtime.snapshot(handle, keep=keep))
+        return Snapshot(id=snapshot_id, source=handle.id, kept=keep)
+
+    async def fork(self, n: int) -> list[Sandbox]:
+        """``n`` new started sandboxes whose filesystem state equals this one's now (its
+        running processes are not carried over): a snapshot, ``n`` starts from it at once,
+        the snapshot deleted. Stop them as any sandbox (``async with``, :meth:`stop`).
+
+        Cancellation: the sandboxes started so far are removed, and the snapshot too.
+        """
+        n = check.positive_int("n", n)
+        started = anyio.current_time()
+        snapshot = await self.snapshot()
+        runtime = self._runtime
+        children = [
+            Sandbox(self._owner, self.config.replace(from_snapshot=snapshot.id)) for _ in range(n)
+        ]
+        try:
+            with single_error():
+                async with anyio.create_task_group() as tg:
+                    for child in children:
+                        tg.start_soon(child.start)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                async with anyio.create_task_group() as tg:
+                    for child in children:
+                        tg.start_soon(_stop_quietly, child)
+            raise
+        finally:
+            with anyio.CancelScope(shield=True), suppress(SandboxError):
+                await runtime.delete_snapshot(snapshot.id)
+        runtime.metrics.timed("fork", anyio.current_time() - started)
+        return children
 
     async def __aenter__(self) -> Self:
         return await self.start()
@@ -609,6 +671,11 @@ class ExecStream:
             raise self._error
         assert self._result is not None
         return self._result
+
+
+async def _stop_quietly(sandbox: Sandbox) -> None:
+    with suppress(SandboxError):  # logged by the runtime; the error being raised matters
+        await sandbox.stop()
 
 
 def _short(argv: tuple[str, ...], limit: int = 120) -> str:

@@ -22,7 +22,7 @@ from ._errors import InvalidArgument, SandboxClosed, SandboxError, SandboxNotFou
 from ._limits import Limiter, LimiterStatistics
 from ._log import get_logger
 from ._metrics import Metrics, MetricsReporter, resolve_reporters
-from ._models import ExecResult, SandboxInfo, SandboxStatus
+from ._models import ExecResult, SandboxInfo, SandboxStatus, Snapshot
 from ._operations import Operation
 from ._pool import Pool
 from ._runtime import Runtime
@@ -191,6 +191,12 @@ class Session:
             await self._runtime.close()
             raise
         self._log.debug("session.opened")
+        if self.warm_pool is not None and self.warm_pool.recycle:
+            try:
+                self._runtime.check_capability("reset")
+            except BaseException:
+                await self.aclose()
+                raise
         if self._pool is not None:
             self._task_group.start_soon(self._pool.keep, name="asyncsandbox:warm pool")
         if self._sweep:
@@ -243,6 +249,10 @@ class Session:
                     tg.start_soon(stop, sandbox)
                 if self._pool is not None:
                     tg.start_soon(self._pool.discard_all)
+            # Then the snapshots that go with the session (not those kept).
+            async with anyio.create_task_group() as tg:
+                for snapshot_id in list(self._runtime.snapshots):
+                    tg.start_soon(self._delete_snapshot, snapshot_id, errors)
         if not self._metrics.empty:
             self.log_metrics(reset=True)  # the final figures of the run
         try:
@@ -253,6 +263,12 @@ class Session:
         self._log.debug("session.closed", statistics=self._runtime.counts)
         if errors:
             raise errors[0]
+
+    async def _delete_snapshot(self, snapshot_id: str, errors: list[BaseException]) -> None:
+        try:
+            await self._runtime.delete_snapshot(snapshot_id)
+        except Exception as exc:  # noqa: BLE001 - every snapshot gets its turn first
+            errors.append(exc)
 
     def _check_open(self) -> None:
         if self._state != SessionState.OPEN:
@@ -270,6 +286,17 @@ class Session:
         if self._state in (SessionState.CLOSING, SessionState.CLOSED):
             raise SandboxClosed("the session is closed")
         return Sandbox(self._owner, self.defaults.merged(overrides))
+
+    async def delete_snapshot(self, snapshot: Snapshot | str) -> None:
+        """Delete a snapshot (a kept one, or one before its session closes); sandboxes
+        started from it go on. Idempotent.
+
+        Cancellation: runs shielded, bounded by ``Timeouts.remove``.
+        """
+        self._check_open()
+        snapshot_id = snapshot.id if isinstance(snapshot, Snapshot) else snapshot
+        check.optional_text("snapshot", snapshot_id)
+        await self._runtime.delete_snapshot(snapshot_id)
 
     async def run(
         self,

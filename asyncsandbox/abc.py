@@ -74,6 +74,11 @@ class BackendCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     """Supported values of ``SandboxDefaults.network``."""
     reports_signal: bool = False
     """``ExitStatus.signal`` tells a signal death apart from ``exit(128 + N)``."""
+    snapshots: bool = False
+    """:meth:`SandboxHandle.snapshot` works, and :meth:`Backend.create` starts a sandbox
+    from a snapshot (``SandboxSpec.snapshot``)."""
+    reset: bool = False
+    """:meth:`SandboxHandle.reset` works: a sandbox can be handed to another episode."""
 
 
 class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,6 +95,9 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Store verbatim and return in :class:`~asyncsandbox.SandboxInfo`; ``list`` filters on them."""
     max_lifetime: float | None
     """Seconds; past this the backend removes the sandbox, even if the owner process died."""
+    snapshot: str | None = None
+    """Start from this snapshot (an id :meth:`SandboxHandle.snapshot` returned) instead of
+    an empty workdir, home and ``/tmp``; ``image`` is then the snapshot's."""
 
 
 class ExitStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -196,6 +204,25 @@ class SandboxHandle(TypedAttributeProvider, metaclass=ABCMeta):
         Cancellation: the runtime shields this call and bounds it with ``Timeouts.remove``.
         """
 
+    async def snapshot(self) -> str:
+        """Freeze the sandbox's filesystem state (workdir, home, ``/tmp``, what was
+        installed) as a snapshot, and return its id; the sandbox goes on running.
+        Processes are not part of a snapshot. Only with ``capabilities.snapshots``.
+
+        Cancellation: nothing is left of a snapshot that was not returned.
+        """
+        raise NotImplementedError
+
+    async def reset(self) -> None:
+        """Return the sandbox to the state it was created in, for another episode: every
+        process killed, every writable place (files, ``/tmp``, ``/dev/shm``, the home's
+        dotfiles, IPC objects) as it was at creation. Raise (any error) if that cannot be
+        guaranteed: the runtime then removes the sandbox. Only with ``capabilities.reset``.
+
+        Cancellation: the runtime removes a sandbox whose reset was cancelled.
+        """
+        raise NotImplementedError
+
 
 class Backend(metaclass=ABCMeta):
     """Creates and finds sandboxes. Used as an async context manager by the Session.
@@ -236,6 +263,13 @@ class Backend(metaclass=ABCMeta):
     async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
         """Every sandbox of this backend (any owner) carrying all of ``labels``
         (``""`` matches a label with an empty value)."""
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:  # noqa: B027 - optional
+        """Forget a snapshot (sandboxes started from it keep working). Idempotent.
+        Only with ``capabilities.snapshots``.
+
+        Cancellation: the runtime shields this call.
+        """
 
     async def aclose(self) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Release the backend's own resources (connections, tasks). Idempotent."""

@@ -59,7 +59,7 @@ from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts, WarmPool
 from ._errors import InvalidArgument, OperationCancelled, SandboxClosed, SandboxError
 from ._log import get_logger
 from ._metrics import MetricsReporter
-from ._models import ExecResult, SandboxInfo, SandboxStatus
+from ._models import ExecResult, SandboxInfo, SandboxStatus, Snapshot
 from ._session import SessionStatistics
 from .abc import Backend
 from .judge import Comparison, JudgeResult, Program, TestCase
@@ -526,6 +526,20 @@ class SyncSandbox:
         """The backend's description of this sandbox (see :meth:`asyncsandbox.Sandbox.info`)."""
         return self._launch("info", self._sandbox.info)
 
+    def snapshot(self, *, keep: bool = False) -> Handle[Snapshot]:
+        """Freeze the sandbox's filesystem state (see :meth:`asyncsandbox.Sandbox.snapshot`);
+        start sandboxes from it with ``session.sandbox(from_snapshot=...)``."""
+        return self._launch("snapshot", functools.partial(self._sandbox.snapshot, keep=keep))
+
+    def fork(self, n: int) -> Handle[list[SyncSandbox]]:
+        """``n`` started sandboxes whose filesystem state equals this one's (see
+        :meth:`asyncsandbox.Sandbox.fork`)."""
+
+        async def fork() -> list[SyncSandbox]:
+            return [SyncSandbox(self._owner, child) for child in await self._sandbox.fork(n)]
+
+        return self._launch("fork", fork)
+
     def __enter__(self) -> Self:
         self.start().result()
         return self
@@ -739,6 +753,11 @@ class SyncSession:
         """Remove sandboxes by tag or id (see :meth:`asyncsandbox.Session.delete`). Blocks."""
         call = functools.partial(self._session.delete, tags=tags, ids=ids, status=status)
         return self._runtime.call("SyncSession.delete()", call)
+
+    def delete_snapshot(self, snapshot: Snapshot | str) -> None:
+        """Delete a snapshot (see :meth:`asyncsandbox.Session.delete_snapshot`). Blocks."""
+        call = functools.partial(self._session.delete_snapshot, snapshot)
+        self._runtime.call("SyncSession.delete_snapshot()", call)
 
     def gc(self, *, dry_run: bool = False) -> builtins.list[tuple[SandboxInfo, str]]:
         """Remove leftovers of crashed owners (see :meth:`asyncsandbox.Session.gc`). Blocks."""

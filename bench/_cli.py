@@ -378,5 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         from . import _judge
 
         return _judge.main(argv[1:])
+    if argv and argv[0] == "fork":
+        from . import _fork
+
+        return _fork.main(argv[1:])
     args = parser().parse_args(argv)
     return run(args, argv)

@@ -5,11 +5,8 @@ import contextlib
 import os
 import re
 import resource
-import shutil
 import signal
 import socket
-import stat
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -44,7 +41,7 @@ from ..abc import (
     SandboxHandle,
     SandboxSpec,
 )
-from . import _layout
+from . import _layout, _state
 from ._cgroups import Cgroups, SandboxCgroup
 from ._executor import Executor, ExecutorGone, Pipe, pump
 from ._isolation import (
@@ -61,7 +58,7 @@ from ._isolation import (
     transient,
     userns_problem,
 )
-from ._layout import READ_ONLY_PREFIXES, HostIds, Layout
+from ._layout import READ_ONLY_PREFIXES, HostIds, Layout, rmtree
 from ._uids import DEFAULT_RANGE, UidPool
 
 __all__ = ("ProcessAttributes", "ProcessBackend")
@@ -110,30 +107,10 @@ class _Meta(msgspec.Struct, kw_only=True):
     host_uid: int | None = None
     host_gid: int | None = None
     quota: bool = False
+    snapshot: str | None = None  # started from it (and reset to it)
 
 
 _meta_decoder = msgspec.json.Decoder(_Meta)
-
-
-def _rmtree(path: Path) -> None:
-    def onexc(func: Any, failed: str, exc: BaseException) -> None:
-        # A sandbox may leave directories without write permission (chmod 000).
-        if isinstance(exc, FileNotFoundError):
-            return
-        parent = os.path.dirname(failed)
-        with contextlib.suppress(OSError):
-            os.chmod(parent, stat.S_IRWXU)
-            os.chmod(failed, stat.S_IRWXU)
-        if os.path.isdir(failed) and not os.path.islink(failed):
-            shutil.rmtree(failed, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(failed)
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=onexc)
-    else:
-        shutil.rmtree(path, onerror=lambda func, failed, info: onexc(func, failed, info[1]))
 
 
 _WARNED: set[str] = set()
@@ -163,7 +140,7 @@ def _select(mode: Mode, seccomp: bool, scratch: Path, etc: Path, ids: HostIds | 
         try:
             problem = probe(candidate, layout)
         finally:
-            _rmtree(layout.root)
+            rmtree(layout.root)
         if problem is None:
             _SELECTED[key] = candidate
             return candidate
@@ -276,11 +253,12 @@ class ProcessBackend(Backend):
         _raise_descriptor_limit()
         self.root.mkdir(parents=True, exist_ok=True, mode=0o711)
         self.root.chmod(0o711)
-        for hidden in (".trash", ".etc"):
-            (self.root / hidden).mkdir(exist_ok=True, mode=0o700 if hidden == ".trash" else 0o711)
+        for hidden, mode in ((".trash", 0o700), (".etc", 0o711), (_state.SNAPSHOTS, 0o700)):
+            (self.root / hidden).mkdir(exist_ok=True, mode=mode)
         for leftover in (self.root / ".trash").iterdir():  # removals interrupted by a crash
-            _rmtree(leftover)
+            rmtree(leftover)
         self._sweep_etc()
+        _state.sweep(self.root)
         probe_ids = self._uids.claim(self.root / ".probe") if self._uids else None
         try:
             self._mechanism = _select(
@@ -320,6 +298,10 @@ class ProcessBackend(Backend):
             enforced_limits=frozenset(limits),
             network_modes=frozenset({"none", "host"} if mechanism.isolated else {"host"}),
             reports_signal=False,
+            snapshots=True,
+            # Without isolation, a command's daemons leave its process group: a reset
+            # could not be sure that none survives.
+            reset=mechanism.isolated,
         )
         get_logger().debug(
             "process.backend.ready",
@@ -362,7 +344,7 @@ class ProcessBackend(Backend):
             with contextlib.suppress(FileNotFoundError):
                 old = now - snapshot.stat().st_mtime > ETC_SWEEP_AGE
                 if old and str(snapshot) not in used:
-                    _rmtree(snapshot)
+                    rmtree(snapshot)
 
     @property
     def capabilities(self) -> BackendCapabilities:
@@ -407,11 +389,19 @@ class ProcessBackend(Backend):
                 f"workdir {spec.workdir!r} is inside the image's read-only /{top}: use a "
                 "top-level directory or one that exists in the image"
             )
+        if spec.snapshot is not None:
+            snapshot = await anyio.to_thread.run_sync(self._snapshot_meta, spec.snapshot)
+            if spec.image is not None and spec.image != snapshot.image:
+                raise InvalidArgument(
+                    f"snapshot {snapshot.id} was taken of image {snapshot.image!r}, not "
+                    f"{spec.image!r}"
+                )
+            image = None if snapshot.image is None else Path(snapshot.image)
         sandbox_id = "p-" + uuid.uuid4().hex[:12]
         now = time.time()
         meta = _Meta(
             id=sandbox_id,
-            image=spec.image,
+            image=None if image is None else str(image),
             workdir=spec.workdir,
             network=spec.network,
             labels=dict(spec.labels),
@@ -420,6 +410,7 @@ class ProcessBackend(Backend):
             cgroup=self._cgroups is not None,
             quota=spec.resources.disk_mb is not None
             and "disk_mb" in self.capabilities.enforced_limits,
+            snapshot=spec.snapshot,
         )
         try:
             layout, cgroup = await anyio.to_thread.run_sync(self._create_sync, meta, spec)
@@ -434,18 +425,50 @@ class ProcessBackend(Backend):
     def _create_sync(self, meta: _Meta, spec: SandboxSpec) -> tuple[Layout, SandboxCgroup | None]:
         directory = self.root / meta.id
         ids = self._uids.claim(directory) if self._uids else None
-        image = None if spec.image is None else Path(spec.image)
+        image = None if meta.image is None else Path(meta.image)
         meta.etc = str(self._etc_for(image))
         if ids is not None:
             meta.host_uid, meta.host_gid = ids.uid, ids.gid
         layout = self._layout(meta)
         quota = spec.resources.disk_mb if meta.quota else None
         _layout.prepare(layout, disk_mb=quota)
+        if meta.snapshot is not None:
+            _state.restore(self._snapshot_dir(meta.snapshot), layout)
         cgroup = self._cgroups.create(meta.id, spec.resources) if self._cgroups else None
         tmp = layout.root / "meta.json.tmp"
         tmp.write_bytes(msgspec.json.encode(meta))
         tmp.rename(layout.root / "meta.json")  # visible to list() only once complete
         return layout, cgroup
+
+    # -- snapshots -------------------------------------------------------------------------
+
+    def _snapshot_dir(self, snapshot_id: str) -> Path:
+        path = _state.directory(self.root, snapshot_id)
+        if path is None or not path.is_dir():
+            raise InvalidArgument(
+                f"no snapshot {snapshot_id!r} in the process backend at {self.root} (it was "
+                "deleted, or taken by another backend)"
+            )
+        return path
+
+    def _snapshot_meta(self, snapshot_id: str) -> _state.SnapshotMeta:
+        meta = _state.read_meta(self._snapshot_dir(snapshot_id))
+        if meta is None:
+            raise InvalidArgument(f"snapshot {snapshot_id!r} is unreadable")
+        return meta
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        path = _state.directory(self.root, snapshot_id)
+        if path is None:
+            raise InvalidArgument(f"{snapshot_id!r} is not a process backend snapshot id")
+        trash = self.root / ".trash" / f"{snapshot_id}-{uuid.uuid4().hex[:6]}"
+
+        def delete() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                path.rename(trash)  # atomic: no sandbox starts from half of it
+                rmtree(trash)
+
+        await anyio.to_thread.run_sync(delete)
 
     def _layout(self, meta: _Meta) -> Layout:
         ids = None if meta.host_uid is None else HostIds(meta.host_uid, meta.host_gid or 0)
@@ -519,7 +542,7 @@ class ProcessBackend(Backend):
             cgroup.remove()  # kills every process of the sandbox, whoever started it
         if trash.exists():
             _layout.unmount_quota(trash)
-            _rmtree(trash)
+            rmtree(trash)
         if meta is not None and meta.host_uid is not None and self._uids is not None:
             self._uids.release(HostIds(meta.host_uid, meta.host_gid or 0), directory)
 
@@ -906,6 +929,63 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         if meta is None:
             raise SandboxNotFound(self.id)
         return self._backend._info(meta)
+
+    # -- state -----------------------------------------------------------------------------
+
+    async def snapshot(self) -> str:
+        self._check_alive()
+        if (self._cgroup is None or not self._cgroup.can_freeze) and self._commands_running():
+            raise InvalidArgument(
+                f"sandbox {self.id}: a snapshot while commands run needs the cgroup freezer "
+                "(root, cgroup v2); wait for the commands to end"
+            )
+        meta = _state.SnapshotMeta(
+            id=_state.new_id(),
+            image=self._meta.image,
+            workdir=self._meta.workdir,
+            source=self.id,
+            created_at=time.time(),
+        )
+        target = self._backend.root / _state.SNAPSHOTS / meta.id
+        try:
+            await anyio.to_thread.run_sync(_state.take, self._layout, meta, target, self._cgroup)
+        except BaseException:
+            with anyio.CancelScope(shield=True):  # cancelled after the copy: nothing stays
+                await self._backend.delete_snapshot(meta.id)
+            raise
+        return meta.id
+
+    async def reset(self) -> None:
+        self._check_alive()
+        if not self._backend.mechanism.isolated:
+            raise InvalidArgument("the process backend resets only isolated sandboxes")
+        # Every process goes: the executor (and the namespaces it holds: IPC objects and
+        # /dev/shm with them), each launched command, whatever else is in the cgroup.
+        await self.stop_executor()
+        for process in list(self._processes):
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        with anyio.fail_after(self._backend.timeouts.cleanup):
+            for process in list(self._processes):
+                await process.wait()  # a launcher's namespace dies with it, and all in it
+        layout, snapshot = self._layout, self._meta.snapshot
+
+        def restore() -> None:
+            if self._cgroup is not None and not self._cgroup.kill_all():
+                raise OSError(f"sandbox {self.id}: processes survived the cgroup's kill")
+            _state.wipe(layout)
+            _layout.populate(layout)
+            if snapshot is not None:
+                _state.restore(self._backend._snapshot_dir(snapshot), layout)
+
+        await anyio.to_thread.run_sync(restore)
+
+    def _commands_running(self) -> bool:
+        executor = self._executor
+        return any(
+            executor is None or process is not executor.process or executor.busy
+            for process in self._processes
+        )
 
     async def remove(self) -> None:
         self._removed = True

@@ -141,6 +141,29 @@ class SandboxCgroup:
             pass
         return 0
 
+    @property
+    def can_freeze(self) -> bool:
+        return self.version == 2
+
+    def freeze(self, frozen: bool, deadline: float) -> bool:
+        """Freeze (or thaw) every process of the cgroup (cgroup v2); True once the kernel
+        reports it done, False where there is no freezer or it did not finish in time."""
+        if self.version != 2:
+            return False
+        directory = self.dirs["unified"]
+        try:
+            (directory / "cgroup.freeze").write_text("1" if frozen else "0")
+        except OSError:
+            return False
+        wanted = f"frozen {int(frozen)}"
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            with contextlib.suppress(OSError):
+                if wanted in (directory / "cgroup.events").read_text().splitlines():
+                    return True
+            time.sleep(0.002)
+        return False
+
     def _pids(self) -> set[int]:
         pids: set[int] = set()
         for directory in self.dirs.values():

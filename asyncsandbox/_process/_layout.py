@@ -16,10 +16,12 @@ import hashlib
 import os
 import shutil
 import stat
+import sys
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SANDBOX_UID = 1000
 SANDBOX_USER = "sandbox"
@@ -155,6 +157,12 @@ def prepare(layout: Layout, *, disk_mb: int | None = None) -> None:
     fs.mkdir(mode=0o700)  # nobody else on the host looks inside a sandbox
     if disk_mb is not None:
         _mount(b"tmpfs", fs, b"tmpfs", MS_NOSUID | MS_NODEV, f"size={disk_mb}m,mode=0700")
+    populate(layout)
+
+
+def populate(layout: Layout) -> None:
+    """Create the (empty) writable areas in the sandbox's ``fs`` directory."""
+    fs = layout.root / "fs"
     for directory in (layout.tmp, layout.home, layout.work):
         directory.mkdir(mode=0o755)
     layout.tmp.chmod(0o1777)
@@ -182,6 +190,29 @@ def unmount_quota(root: Path) -> None:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).umount2(os.fsencode(fs), MNT_DETACH)
+
+
+def rmtree(path: Path) -> None:
+    """Remove a tree a sandbox may have made hard to remove."""
+
+    def onexc(func: Any, failed: str, exc: BaseException) -> None:
+        # A sandbox may leave directories without write permission (chmod 000).
+        if isinstance(exc, FileNotFoundError):
+            return
+        parent = os.path.dirname(failed)
+        with contextlib.suppress(OSError):
+            os.chmod(parent, stat.S_IRWXU)
+            os.chmod(failed, stat.S_IRWXU)
+        if os.path.isdir(failed) and not os.path.islink(failed):
+            shutil.rmtree(failed, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(failed)
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=onexc)
+    else:
+        shutil.rmtree(path, onerror=lambda func, failed, info: onexc(func, failed, info[1]))
 
 
 # -- /etc --------------------------------------------------------------------------------

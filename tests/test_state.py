@@ -1,0 +1,284 @@
+"""Sandbox state on the process backend: fork, snapshots, and recycling through a reset
+that must leave nothing of one episode to the next (real processes and namespaces)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from structlog.testing import capture_logs
+
+from asyncsandbox import (
+    InvalidArgument,
+    Limits,
+    Sandbox,
+    SandboxDefaults,
+    Session,
+    Snapshot,
+    WarmPool,
+)
+from asyncsandbox._process import _state
+
+pytestmark = pytest.mark.anyio
+
+# Every writable place an episode reaches, and what it leaves there: files (workdir,
+# /tmp, /dev/shm, the home's dotfiles and what `pip install --user` writes), processes
+# (a daemon in its own session, a cron-like loop appending to a file, one ignoring
+# SIGTERM), IPC objects (a System V message queue and semaphore, POSIX shared memory),
+# and the environment later commands start with (a login shell's profile).
+PLANT = textwrap.dedent(
+    r"""
+    set -e
+    echo planted > /workspace/planted
+    mkdir -p /workspace/deep/er && echo x > /workspace/deep/er/file
+    echo planted > /tmp/planted
+    echo planted > /dev/shm/planted 2>/dev/null || true
+    echo 'export PLANTED=1' >> ~/.profile
+    echo 'export PLANTED=1' >> ~/.bashrc
+    mkdir -p ~/.local/lib/python3/site-packages && echo 'x = 1' > ~/.local/lib/python3/site-packages/planted.py
+    setsid sh -c 'while :; do date +%s%N >> /tmp/loop; sleep 0.05; done' </dev/null >/dev/null 2>&1 &
+    (trap '' TERM HUP; exec sleep 1001) </dev/null >/dev/null 2>&1 &
+    nohup sleep 1002 </dev/null >/dev/null 2>&1 &
+    python3 - <<'PY'
+import os, sys
+try:
+    from multiprocessing import shared_memory
+    shared_memory.SharedMemory(name="planted", create=True, size=4096).close()
+except Exception as exc:
+    print("no posix shm:", exc, file=sys.stderr)
+PY
+    if command -v ipcmk >/dev/null; then ipcmk -Q >/dev/null; ipcmk -S 1 >/dev/null; fi
+    echo done
+    """
+)
+
+# What a fresh sandbox shows of those places (same script on a fresh one and a reused one).
+LOOK = textwrap.dedent(
+    r"""
+    echo "files: $(find /workspace /tmp ~ -mindepth 1 2>/dev/null | sort | tr '\n' ' ')"
+    echo "shm: $(ls -A /dev/shm 2>/dev/null | tr '\n' ' ')"
+    echo "processes: $(ps -eo args= 2>/dev/null | grep -c -E 'sleep 100[12]|while [:]' || true)"
+    echo "procs-any: $(for p in /proc/[0-9]*; do cat $p/cmdline 2>/dev/null | tr '\0' ' '; echo; done | grep -c -E 'sleep 100[12]|while [:]' || true)"
+    if command -v ipcs >/dev/null; then echo "ipc: $(ipcs -q -s | grep -c '^0x' || true)"; fi
+    echo "env: PLANTED=${PLANTED:-unset}"
+    echo "login env: $(sh -lc 'echo ${PLANTED:-unset}')"
+    """
+)
+
+
+def session(root: Path, **kwargs: Any) -> Session:
+    return Session(backend_options={"root": str(root)}, **kwargs)
+
+
+async def pool_ready(s: Session, n: int) -> None:
+    with anyio.fail_after(30):
+        while s.statistics().pool_ready < n:  # noqa: ASYNC110 - polling statistics
+            await anyio.sleep(0.01)
+
+
+async def look(sandbox: Sandbox) -> str:
+    result = await sandbox.exec(["sh", "-c", LOOK])
+    assert result.returncode == 0, result.stderr_text
+    return result.stdout_text
+
+
+async def test_a_recycled_sandbox_is_indistinguishable_from_a_fresh_one(
+    process_root: Path,
+) -> None:
+    async with session(process_root, warm_pool=WarmPool(size=1, recycle=True)) as s:
+        async with s.sandbox() as fresh:
+            expected = await look(fresh)
+            first_id = fresh.id
+            planted = await fresh.exec(["sh", "-c", PLANT])
+            assert planted.stdout_text.strip().endswith("done"), planted.stderr_text
+            # The planted state is there, and the background processes run, while the
+            # episode lasts (so the check below can fail).
+            dirty = await look(fresh)
+            assert dirty != expected
+        # The next episodes get the same sandbox back (reset, in the background), not a
+        # new one: the pool holds it and a fresh spare, so take both and find ours.
+        await pool_ready(s, 2)
+        async with s.sandbox() as a, s.sandbox() as b:
+            reused = a if a.id == first_id else b
+            assert reused.id == first_id, "the released sandbox was not recycled"
+            await anyio.sleep(0.2)  # a surviving loop would write again meanwhile
+            assert await look(reused) == expected
+        metrics = s.metrics()
+        assert metrics["asyncsandbox/reset_count"] >= 1
+        assert metrics["asyncsandbox/reset_failures"] == 0
+
+
+async def test_recycling_serves_many_episodes_each_clean(process_root: Path) -> None:
+    seen: set[str] = set()
+    async with session(process_root, warm_pool=WarmPool(size=2, recycle=True)) as s:
+
+        async def episode(i: int) -> None:
+            async with s.sandbox() as sandbox:
+                assert sandbox.id is not None
+                seen.add(sandbox.id)
+                result = await sandbox.exec(
+                    ["sh", "-c", 'ls -A /workspace /tmp; echo "$0" > /workspace/mine', str(i)]
+                )
+                assert result.stdout_text.split() == ["/tmp:", "/workspace:"], result.stdout
+
+        for _ in range(5):
+            async with anyio.create_task_group() as tg:
+                for i in range(4):
+                    tg.start_soon(episode, i)
+            await anyio.sleep(0.3)  # the resets run in the background
+        stats = s.statistics()
+        assert stats.sandboxes_started == stats.sandboxes_removed == 20
+    assert len(seen) < 20, "no sandbox was reused"
+    assert _sandbox_dirs(process_root) == []
+
+
+async def test_a_failed_reset_removes_the_sandbox_and_the_next_episode_gets_a_fresh_one(
+    process_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(layout: Any) -> None:
+        raise OSError("injected: the writable areas could not be emptied")
+
+    async with session(process_root, warm_pool=WarmPool(size=1, recycle=True)) as s:
+        async with s.sandbox() as sandbox:
+            dirty_id = sandbox.id
+            await sandbox.exec(["sh", "-c", "echo dirty > /workspace/dirty"])
+            monkeypatch.setattr(_state, "wipe", broken)
+        with capture_logs() as logs:
+            for _ in range(100):
+                await anyio.sleep(0.05)
+                if s.metrics().get("asyncsandbox/reset_failures"):
+                    break
+        monkeypatch.undo()
+        assert s.metrics()["asyncsandbox/reset_failures"] == 1
+        assert not (process_root / str(dirty_id)).exists()
+        async with s.sandbox() as a, s.sandbox() as b:
+            assert dirty_id not in (a.id, b.id)
+            assert (await a.exec(["ls", "-A", "/workspace"])).stdout == b""
+    assert any(log["event"] == "sandbox.reset.failed" for log in logs)
+
+
+async def test_fork_copies_the_filesystem_not_the_processes(process_root: Path) -> None:
+    async with session(process_root) as s, s.sandbox() as parent:
+        await parent.exec(
+            [
+                "sh",
+                "-c",
+                (
+                    "mkdir -p repo/src && for i in $(seq 300); do echo $i > repo/src/f$i; done;"
+                    " ln -s src repo/link; chmod 600 repo/src/f1; echo rc > ~/.rc;"
+                    " echo t > /tmp/t; (sleep 1003 &)"
+                ),
+            ],
+            check=True,
+        )
+        listing = "find /workspace ~ /tmp -mindepth 1 -printf '%p %m %s %l\\n' | sort; cat ~/.rc"
+        want = (await parent.exec(["sh", "-c", listing])).stdout
+        children = await parent.fork(3)
+        try:
+            assert len({c.id for c in children} | {parent.id}) == 4
+            for child in children:
+                assert (await child.exec(["sh", "-c", listing])).stdout == want
+                ps = await child.exec(["sh", "-c", "ps -eo args= | grep -c 'sleep 100[3]' || true"])
+                assert ps.stdout_text.strip() == "0"
+            # Independent from then on: a change in one is seen in no other.
+            await children[0].exec(["sh", "-c", "echo changed > repo/src/f2; rm repo/src/f3"])
+            for other in (parent, children[1]):
+                assert (await other.read_file("repo/src/f2")) == b"2\n"
+                assert (await other.exec(["test", "-e", "repo/src/f3"])).returncode == 0
+            assert s.metrics()["asyncsandbox/fork_count"] == 1
+        finally:
+            for child in children:
+                await child.stop()
+    assert _snapshots(process_root) == []  # the fork's snapshot went with it
+
+
+async def test_snapshots_start_many_sandboxes_and_go_with_their_session(
+    process_root: Path,
+) -> None:
+    async with session(process_root) as s:
+        async with s.sandbox() as source:
+            await source.write_file("state", "v1")
+            temporary = await source.snapshot()
+            kept = await source.snapshot(keep=True)
+            await source.write_file("state", "v2")
+        assert isinstance(temporary, Snapshot)
+        assert kept.kept
+        assert not temporary.kept
+        for snapshot in (temporary, kept, kept.id):
+            async with s.sandbox(from_snapshot=snapshot) as copy:
+                assert await copy.read_file("state") == b"v1"
+        assert sorted(_snapshots(process_root)) == sorted([temporary.id, kept.id])
+    # The session deleted its own snapshot, not the kept one, which a later session uses.
+    assert _snapshots(process_root) == [kept.id]
+    async with session(process_root) as s:
+        async with s.sandbox(from_snapshot=kept) as copy:
+            assert await copy.read_file("state") == b"v1"
+        await s.delete_snapshot(kept)
+        await s.delete_snapshot(kept)  # idempotent
+        with pytest.raises(InvalidArgument, match="no snapshot"):
+            await s.sandbox(from_snapshot=kept).start()
+        with pytest.raises(InvalidArgument, match="not a process backend snapshot"):
+            await s.delete_snapshot("../../etc")
+    assert _snapshots(process_root) == []
+
+
+async def test_a_cancelled_fork_leaves_nothing(process_root: Path) -> None:
+    async with (
+        session(process_root, limits=Limits(max_lifecycle=1)) as s,
+        s.sandbox() as parent,
+    ):
+        await parent.exec(["sh", "-c", "for i in $(seq 2000); do echo $i > f$i; done"])
+        for delay in (0.0, 0.01, 0.03, 0.08):
+            with anyio.move_on_after(delay):
+                await parent.fork(4)
+            await anyio.sleep(0.05)
+            assert [d for d in _sandbox_dirs(process_root) if d != parent.id] == []
+            assert _snapshots(process_root) == []
+
+
+async def test_recycling_is_refused_where_a_reset_cannot_be_guaranteed(
+    process_root: Path,
+) -> None:
+    with capture_logs():
+        s = Session(
+            backend_options={"root": str(process_root), "isolation": "none"},
+            warm_pool=WarmPool(size=1, recycle=True),
+        )
+        with pytest.raises(InvalidArgument, match="does not support reset"):
+            async with s:
+                pass
+
+
+async def test_from_snapshot_takes_a_snapshot_or_its_id() -> None:
+    snapshot = Snapshot(id="s-0123456789ab", source="p-0")
+    assert SandboxDefaults().merged({"from_snapshot": snapshot}).from_snapshot == snapshot.id
+    with pytest.raises(InvalidArgument):
+        SandboxDefaults(from_snapshot="")
+
+
+def _sandbox_dirs(root: Path) -> list[str]:
+    return sorted(p.name for p in root.glob("p-*")) if root.exists() else []
+
+
+def _snapshots(root: Path) -> list[str]:
+    directory = root / _state.SNAPSHOTS
+    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+
+def test_the_sync_facade_forks_and_snapshots(process_root: Path) -> None:
+    from asyncsandbox.sync import SyncSession
+
+    with SyncSession(backend_options={"root": str(process_root)}) as s, s.sandbox() as parent:
+        parent.write_file("state", "v1").result()
+        children = parent.fork(2).result()
+        assert [c.read_file("state").result() for c in children] == [b"v1", b"v1"]
+        for child in children:
+            child.stop().result()
+        snapshot = parent.snapshot(keep=True).result()
+        with s.sandbox(from_snapshot=snapshot) as copy:
+            assert copy.read_file("state").result() == b"v1"
+        s.delete_snapshot(snapshot)
+    assert _snapshots(process_root) == []
