@@ -88,6 +88,9 @@ class SandboxDefaults(_Config, frozen=True, kw_only=True, forbid_unknown_fields=
         if self.max_lifetime == 0:
             raise InvalidArgument("max_lifetime must be > 0 or None")
         check.positive_int("max_output_bytes", self.max_output_bytes)
+        snapshot: object = self.from_snapshot
+        if snapshot is not None and not isinstance(snapshot, str):  # a Snapshot
+            msgspec.structs.force_setattr(self, "from_snapshot", getattr(snapshot, "id", snapshot))
         check.optional_text("from_snapshot", self.from_snapshot)
 
     def merged(self, overrides: dict[str, Any]) -> SandboxDefaults:
@@ -99,9 +102,6 @@ class SandboxDefaults(_Config, frozen=True, kw_only=True, forbid_unknown_fields=
                 f"known: {', '.join(self.__struct_fields__)}"
             )
         changes = dict(overrides)
-        snapshot = changes.get("from_snapshot")
-        if snapshot is not None and not isinstance(snapshot, str):
-            changes["from_snapshot"] = getattr(snapshot, "id", snapshot)  # a Snapshot
         if "tags" in changes:
             changes["tags"] = self.tags + check.tags(changes["tags"])
         if "env" in changes:

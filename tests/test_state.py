@@ -3,6 +3,7 @@ that must leave nothing of one episode to the next (real processes and namespace
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from asyncsandbox import (
     Snapshot,
     WarmPool,
 )
-from asyncsandbox._process import _state
+from asyncsandbox._process import ProcessAttributes, _state
 
 pytestmark = pytest.mark.anyio
 
@@ -85,10 +86,17 @@ async def look(sandbox: Sandbox) -> str:
     return result.stdout_text
 
 
+@pytest.mark.parametrize("origin", ["empty", "snapshot"])
 async def test_a_recycled_sandbox_is_indistinguishable_from_a_fresh_one(
-    process_root: Path,
+    process_root: Path, origin: str
 ) -> None:
-    async with session(process_root, warm_pool=WarmPool(size=1, recycle=True)) as s:
+    defaults = SandboxDefaults()
+    if origin == "snapshot":  # a prepared state to return to (layers, as root)
+        async with session(process_root) as s, s.sandbox() as prepared:
+            await prepared.exec(["sh", "-c", "echo prepared > ready; echo x > ~/.prepared"])
+            defaults = SandboxDefaults(from_snapshot=(await prepared.snapshot(keep=True)).id)
+    pool = WarmPool(size=1, recycle=True)
+    async with session(process_root, defaults=defaults, warm_pool=pool) as s:
         async with s.sandbox() as fresh:
             expected = await look(fresh)
             first_id = fresh.id
@@ -282,3 +290,68 @@ def test_the_sync_facade_forks_and_snapshots(process_root: Path) -> None:
             assert copy.read_file("state").result() == b"v1"
         s.delete_snapshot(snapshot)
     assert _snapshots(process_root) == []
+
+
+async def test_snapshots_of_snapshots_keep_changes_and_deletions(process_root: Path) -> None:
+    """A chain of snapshots (layers, as root): each level's new files, changed files,
+    deleted files and replaced directories are what the next level sees."""
+    async with session(process_root) as s:
+        async with s.sandbox() as base:
+            await base.exec(
+                [
+                    "sh",
+                    "-c",
+                    (
+                        "mkdir -p d/sub && echo 1 > d/sub/f && echo a > keep && echo b > gone"
+                        " && touch d/old"
+                    ),
+                ],
+                check=True,
+            )
+            level = await base.snapshot()
+        for depth in range(1, 20):  # past the layers kept before a chain is flattened
+            async with s.sandbox(from_snapshot=level) as sandbox:
+                listing = await sandbox.exec(["sh", "-c", "find . | sort; cat keep"])
+                expected = [".", "./d", "./d/sub", "./d/sub/f", "./keep", f"./n{depth - 1}"]
+                if depth == 1:
+                    expected = [".", "./d", "./d/old", "./d/sub", "./d/sub/f", "./gone"]
+                assert listing.stdout_text.split()[: len(expected)] == expected, depth
+                assert listing.stdout_text.split()[-1] == "a" * depth
+                # Change, delete, replace a directory, add: all in this level's layer.
+                await sandbox.exec(
+                    [
+                        "sh",
+                        "-c",
+                        (
+                            f"rm -f gone n{depth - 1}; rm -rf d && mkdir -p d/sub"
+                            f' && echo {depth} > d/sub/f; printf %s "$(cat keep)a" > keep'
+                            f"; touch n{depth}"
+                        ),
+                    ],
+                    check=True,
+                )
+                level = await sandbox.snapshot()
+        async with s.sandbox(from_snapshot=level) as last:
+            assert await last.read_file("d/sub/f") == b"19\n"
+            assert (await last.exec(["test", "-e", "gone"])).returncode == 1
+
+
+async def test_a_sandbox_from_a_snapshot_copies_nothing_as_root(process_root: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("snapshot layers need root (without it, snapshots are copies)")
+    async with session(process_root) as s:
+        async with s.sandbox() as base:
+            await base.exec(["sh", "-c", "head -c 20000000 /dev/zero > big"], check=True)
+            snapshot = await base.snapshot()
+        async with s.sandbox(from_snapshot=snapshot) as copy:
+            root = copy.extra(ProcessAttributes.root)
+            own = root / "rw" / "upper"
+            assert os.path.ismount(root / "fs")  # noqa: ASYNC240 - a test's look
+            assert sum(f.stat().st_size for f in own.rglob("*") if f.is_file()) == 0
+            assert (await copy.exec(["stat", "-c", "%s %u", "big"])).stdout == b"20000000 1000\n"
+            await copy.exec(["sh", "-c", "echo more >> big"], check=True)  # copied up: ours
+            assert (own / "workspace").exists() or any(own.rglob("big"))
+        layers = process_root / _state.LAYERS
+        assert len([p for p in layers.iterdir() if p.name != ".lock"]) == 1
+    # The session deleted its snapshot; no sandbox uses the layer: it is gone.
+    assert [p for p in layers.iterdir() if p.name != ".lock"] == []

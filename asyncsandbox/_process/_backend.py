@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import os
 import re
 import resource
@@ -41,7 +42,7 @@ from ..abc import (
     SandboxHandle,
     SandboxSpec,
 )
-from . import _layout, _state
+from . import _layout, _overlay, _state
 from ._cgroups import Cgroups, SandboxCgroup
 from ._executor import Executor, ExecutorGone, Pipe, pump
 from ._isolation import (
@@ -108,6 +109,7 @@ class _Meta(msgspec.Struct, kw_only=True):
     host_gid: int | None = None
     quota: bool = False
     snapshot: str | None = None  # started from it (and reset to it)
+    layers: list[str] = []  # the snapshot's layers it mounts, top first (see _state)
 
 
 _meta_decoder = msgspec.json.Decoder(_Meta)
@@ -235,6 +237,9 @@ class ProcessBackend(Backend):
         self._cgroups: Cgroups | None = None
         self._caps: BackendCapabilities | None = None
         self._handles: dict[str, ProcessSandbox] = {}
+        # The uid snapshot layers belong to, where sandboxes mount them (root, a kernel
+        # with idmapped overlay layers); None: snapshots are copies (see _state).
+        self._layer_owner: int | None = None
 
     async def __aenter__(self) -> Self:
         try:
@@ -256,7 +261,9 @@ class ProcessBackend(Backend):
         for hidden, mode in ((".trash", 0o700), (".etc", 0o711), (_state.SNAPSHOTS, 0o700)):
             (self.root / hidden).mkdir(exist_ok=True, mode=mode)
         for leftover in (self.root / ".trash").iterdir():  # removals interrupted by a crash
-            rmtree(leftover)
+            with contextlib.suppress(OSError):  # (never delete what is still mounted)
+                _overlay.unmount_under(leftover)
+                rmtree(leftover)
         self._sweep_etc()
         _state.sweep(self.root)
         probe_ids = self._uids.claim(self.root / ".probe") if self._uids else None
@@ -266,6 +273,8 @@ class ProcessBackend(Backend):
             )
             if self._fast_path:
                 self._native = self._fast_path_mechanism(probe_ids)
+            if probe_ids is not None and self._uids is not None:
+                self._layer_owner = self._probe_layers(probe_ids, self._uids.start - 1)
         finally:
             if self._uids and probe_ids:
                 self._uids.release(probe_ids, self.root / ".probe")
@@ -309,6 +318,33 @@ class ProcessBackend(Backend):
             isolation=mechanism.name,
             cgroups=self._cgroups.version if self._cgroups else None,
         )
+
+    def _probe_layers(self, ids: HostIds, owner: int) -> int | None:
+        """``owner`` if this kernel mounts idmapped layers under an overlay, else None."""
+        scratch = self.root / ".trash" / f"probe-{uuid.uuid4().hex[:8]}"
+        layer = scratch / _state.LAYERS / "layer"
+        (layer / "work").mkdir(parents=True)
+        os.chown(layer / "work", owner, owner)
+        layout = Layout(
+            root=scratch / "sandbox",
+            image=None,
+            workdir="/workspace",
+            network="none",
+            etc=Path("/"),
+            host_ids=ids,
+        )
+        try:
+            _layout.prepare(layout, layered=True)
+            _state.mount_layers(layout, ["layer"], owner)
+            ok = (layout.root / "fs" / "work").stat().st_uid == ids.uid
+        except OSError as exc:
+            get_logger().debug("process.snapshots.copies", reason=str(exc))
+            ok = False
+        finally:
+            with contextlib.suppress(OSError):
+                _overlay.unmount_under(scratch)
+                rmtree(scratch)
+        return owner if ok else None
 
     def _fast_path_mechanism(self, probe_ids: HostIds | None) -> Native | None:
         """The native launcher for resident executors, if it runs here."""
@@ -397,6 +433,11 @@ class ProcessBackend(Backend):
                     f"{spec.image!r}"
                 )
             image = None if snapshot.image is None else Path(snapshot.image)
+            if snapshot.layers and self._layer_owner is None:
+                raise InvalidArgument(
+                    f"snapshot {snapshot.id} is made of layers, which only a backend running "
+                    "as root (on a kernel with idmapped mounts) can mount"
+                )
         sandbox_id = "p-" + uuid.uuid4().hex[:12]
         now = time.time()
         meta = _Meta(
@@ -411,6 +452,7 @@ class ProcessBackend(Backend):
             quota=spec.resources.disk_mb is not None
             and "disk_mb" in self.capabilities.enforced_limits,
             snapshot=spec.snapshot,
+            layers=snapshot.layers if spec.snapshot is not None else [],
         )
         try:
             layout, cgroup = await anyio.to_thread.run_sync(self._create_sync, meta, spec)
@@ -431,14 +473,26 @@ class ProcessBackend(Backend):
             meta.host_uid, meta.host_gid = ids.uid, ids.gid
         layout = self._layout(meta)
         quota = spec.resources.disk_mb if meta.quota else None
-        _layout.prepare(layout, disk_mb=quota)
+        _layout.prepare(layout, disk_mb=quota, layered=bool(meta.layers))
+        cgroup = self._cgroups.create(meta.id, spec.resources) if self._cgroups else None
+        if meta.layers:
+            assert self._layer_owner is not None
+            # Until its meta.json names them, nothing may delete the layers it mounts.
+            with _state.layers_lock(self.root):
+                self._snapshot_dir(meta.snapshot or "")  # not deleted meanwhile
+                _state.mount_layers(layout, meta.layers, self._layer_owner)
+                self._write_meta(layout, meta)
+            return layout, cgroup
         if meta.snapshot is not None:
             _state.restore(self._snapshot_dir(meta.snapshot), layout)
-        cgroup = self._cgroups.create(meta.id, spec.resources) if self._cgroups else None
+        self._write_meta(layout, meta)
+        return layout, cgroup
+
+    @staticmethod
+    def _write_meta(layout: Layout, meta: _Meta) -> None:
         tmp = layout.root / "meta.json.tmp"
         tmp.write_bytes(msgspec.json.encode(meta))
         tmp.rename(layout.root / "meta.json")  # visible to list() only once complete
-        return layout, cgroup
 
     # -- snapshots -------------------------------------------------------------------------
 
@@ -467,8 +521,20 @@ class ProcessBackend(Backend):
             with contextlib.suppress(FileNotFoundError):
                 path.rename(trash)  # atomic: no sandbox starts from half of it
                 rmtree(trash)
+            self._gc_layers()
 
         await anyio.to_thread.run_sync(delete)
+
+    def _gc_layers(self) -> None:
+        """Delete the layers no snapshot and no live sandbox uses."""
+        if self._layer_owner is None:
+            return
+        live: set[str] = set()
+        for name in os.listdir(self.root):
+            meta = self._read_meta(name)
+            if meta is not None:
+                live.update(meta.layers)
+        _state.gc_layers(self.root, live)
 
     def _layout(self, meta: _Meta) -> Layout:
         ids = None if meta.host_uid is None else HostIds(meta.host_uid, meta.host_gid or 0)
@@ -541,10 +607,13 @@ class ProcessBackend(Backend):
         if cgroup is not None:
             cgroup.remove()  # kills every process of the sandbox, whoever started it
         if trash.exists():
-            _layout.unmount_quota(trash)
+            # Never delete through a mount: a layer under it is other sandboxes' too.
+            _overlay.unmount_under(trash)
             rmtree(trash)
         if meta is not None and meta.host_uid is not None and self._uids is not None:
             self._uids.release(HostIds(meta.host_uid, meta.host_gid or 0), directory)
+        if meta is not None and meta.layers:
+            self._gc_layers()
 
 
 def _uid_range(value: object) -> tuple[int, int]:
@@ -948,7 +1017,17 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         )
         target = self._backend.root / _state.SNAPSHOTS / meta.id
         try:
-            await anyio.to_thread.run_sync(_state.take, self._layout, meta, target, self._cgroup)
+            await anyio.to_thread.run_sync(
+                functools.partial(
+                    _state.take,
+                    self._layout,
+                    meta,
+                    target,
+                    self._cgroup,
+                    layers=self._meta.layers,
+                    owner=self._backend._layer_owner,
+                )
+            )
         except BaseException:
             with anyio.CancelScope(shield=True):  # cancelled after the copy: nothing stays
                 await self._backend.delete_snapshot(meta.id)
@@ -968,11 +1047,14 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         with anyio.fail_after(self._backend.timeouts.cleanup):
             for process in list(self._processes):
                 await process.wait()  # a launcher's namespace dies with it, and all in it
-        layout, snapshot = self._layout, self._meta.snapshot
+        layout, snapshot, layers = self._layout, self._meta.snapshot, self._meta.layers
 
         def restore() -> None:
             if self._cgroup is not None and not self._cgroup.kill_all():
                 raise OSError(f"sandbox {self.id}: processes survived the cgroup's kill")
+            if layers:  # its own layer dropped: O(what the episode changed)
+                _state.reset_layers(layout, layers)
+                return
             _state.wipe(layout)
             _layout.populate(layout)
             if snapshot is not None:

@@ -148,16 +148,23 @@ def _shims(source: Path) -> list[tuple[str, str]]:
     return []
 
 
-def prepare(layout: Layout, *, disk_mb: int | None = None) -> None:
+def prepare(layout: Layout, *, disk_mb: int | None = None, layered: bool = False) -> None:
     """Create a sandbox's directories on the host (synchronous). With ``disk_mb`` (root
-    only), its writable areas share a tmpfs of that size: the disk quota."""
+    only), its writable areas share a tmpfs of that size: the disk quota. ``layered``: its
+    writable areas will be an overlay (see ``_state``): ``fs`` is its mount point, and the
+    sandbox's own layer (with the quota) goes in ``rw``."""
     layout.root.mkdir(mode=0o711)
     (layout.root / "view").mkdir()  # mount point for the native launcher
     fs = layout.root / "fs"
     fs.mkdir(mode=0o700)  # nobody else on the host looks inside a sandbox
+    writable = fs
+    if layered:
+        writable = layout.root / "rw"
+        writable.mkdir(mode=0o700)
     if disk_mb is not None:
-        _mount(b"tmpfs", fs, b"tmpfs", MS_NOSUID | MS_NODEV, f"size={disk_mb}m,mode=0700")
-    populate(layout)
+        _mount(b"tmpfs", writable, b"tmpfs", MS_NOSUID | MS_NODEV, f"size={disk_mb}m,mode=0700")
+    if not layered:
+        populate(layout)
 
 
 def populate(layout: Layout) -> None:
@@ -171,7 +178,7 @@ def populate(layout: Layout) -> None:
             os.chown(directory, layout.host_ids.uid, layout.host_ids.gid)
 
 
-MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
+MS_NOSUID, MS_NODEV = 2, 4
 
 
 def _mount(source: bytes, target: Path, fstype: bytes, flags: int, data: str) -> None:
@@ -181,15 +188,6 @@ def _mount(source: bytes, target: Path, fstype: bytes, flags: int, data: str) ->
     if libc.mount(source, os.fsencode(target), fstype, ctypes.c_ulong(flags), data.encode()):
         err = ctypes.get_errno()
         raise OSError(err, f"mount a {data} tmpfs on {target}: {os.strerror(err)}")
-
-
-def unmount_quota(root: Path) -> None:
-    """Detach a sandbox's quota tmpfs, if it has one (its processes are dead by now)."""
-    fs = root / "fs"
-    if os.path.ismount(fs):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).umount2(os.fsencode(fs), MNT_DETACH)
 
 
 def rmtree(path: Path) -> None:

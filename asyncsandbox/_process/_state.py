@@ -2,11 +2,20 @@
 the reset that hands a sandbox to its next episode (all synchronous: run in a thread).
 
 A sandbox's whole writable state is its ``fs/`` directory (``/tmp``, the home and the
-workdir; everything else in its view is read-only), so a snapshot is a copy of ``fs/``
-under ``<root>/.snapshots/<id>/``, and a sandbox starts from one by copying it back. Copies
-are ``cp -a --reflink=auto``: on a filesystem with reflinks (btrfs, XFS) they share data
-blocks and cost O(files); elsewhere (ext4, tmpfs) they cost O(data). As root, a sandbox's
-files belong to its own host uid, so a copy changes owner to the new sandbox's uid.
+workdir; everything else in its view is read-only). Two ways to keep it:
+
+* **Layers** (as root, where the kernel has idmapped mounts and overlayfs takes them): a
+  snapshot adds one read-only layer under ``<root>/.layers/``: a copy of what the sandbox
+  changed (its own overlay layer; or its whole ``fs/`` if it was not started from a
+  snapshot). A sandbox started from a snapshot mounts the snapshot's layers (idmapped to
+  its own uid, see :mod:`._overlay`) under an empty layer of its own at ``fs/``: starting,
+  snapshotting and resetting cost O(what changed), never O(the prepared state). Chains
+  are flattened past :data:`MAX_LAYERS`. Layers no snapshot or live sandbox refers to are
+  deleted (under a lock shared with every process using this root).
+* **Copies** (without root): a snapshot is a copy of ``fs/`` under
+  ``<root>/.snapshots/<id>/fs``, and a sandbox starts from it by copying it back. Copies
+  are ``cp -a --reflink=auto``: O(files) on filesystems with reflinks (btrfs, XFS), O(data)
+  elsewhere.
 
 A snapshot is taken with the sandbox's processes frozen (its cgroup's freezer), so that
 the copy is one moment's state and nothing in the sandbox can change what is copied while
@@ -17,9 +26,9 @@ sandbox, so a race gains nothing; it is then refused while commands run.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
-import shutil
 import subprocess
 import time
 import uuid
@@ -28,13 +37,16 @@ from pathlib import Path
 
 import msgspec
 
+from . import _overlay
 from ._cgroups import SandboxCgroup
 from ._layout import HostIds, Layout, rmtree
 
 SNAPSHOTS = ".snapshots"
+LAYERS = ".layers"
 SNAPSHOT_ID = re.compile(r"s-[0-9a-f]{12}")
 PARTIAL_AGE = 3600.0  # snapshots being written for longer than this were abandoned
 FREEZE_DEADLINE = 10.0
+MAX_LAYERS = 16  # a snapshot of a deeper chain is one layer again (the mount options' size)
 
 
 class SnapshotMeta(msgspec.Struct, kw_only=True):
@@ -45,6 +57,7 @@ class SnapshotMeta(msgspec.Struct, kw_only=True):
     workdir: str
     source: str  # the sandbox it was taken from
     created_at: float
+    layers: list[str] = []  # its layers, top first; none: a copy, in the snapshot's fs/
 
 
 _decoder = msgspec.json.Decoder(SnapshotMeta)
@@ -69,27 +82,139 @@ def read_meta(path: Path) -> SnapshotMeta | None:
         return None
 
 
-def take(layout: Layout, meta: SnapshotMeta, target: Path, cgroup: SandboxCgroup | None) -> None:
-    """Copy the sandbox's state into the new snapshot directory ``target``, atomically (it
-    appears complete or not at all)."""
+@contextlib.contextmanager
+def layers_lock(root: Path, *, exclusive: bool = False) -> Iterator[None]:
+    """Held shared while a layer is made or a sandbox mounts layers, exclusive while
+    unused layers are deleted (by any process using ``root``)."""
+    (root / LAYERS).mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(root / LAYERS / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+# -- snapshots ---------------------------------------------------------------------------
+
+
+def take(
+    layout: Layout,
+    meta: SnapshotMeta,
+    target: Path,
+    cgroup: SandboxCgroup | None,
+    *,
+    layers: list[str] | None,
+    owner: int | None,
+) -> None:
+    """Snapshot the sandbox into the new snapshot directory ``target``, atomically (it
+    appears complete or not at all). ``owner``: the layer owner's uid (layers mode), with
+    ``layers`` those the sandbox was started from; ``None``: copy mode."""
     partial = target.with_name(target.name + ".partial")
     partial.mkdir(mode=0o700, parents=True)
     try:
-        with _frozen(cgroup):
-            _copy(layout.root / "fs", partial / "fs")
+        if owner is None:
+            with _frozen(cgroup):
+                _copy(layout.root / "fs", partial / "fs")
+        else:
+            with layers_lock(target.parent.parent):
+                meta.layers = _add_layer(layout, meta.id, cgroup, layers or [], owner)
         (partial / "meta.json").write_bytes(msgspec.json.encode(meta))
         partial.rename(target)
     except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
+        rmtree(partial)
         raise
 
 
+def _add_layer(
+    layout: Layout, layer_id: str, cgroup: SandboxCgroup | None, layers: list[str], owner: int
+) -> list[str]:
+    """A new layer of the sandbox's changes; the snapshot's layers, top first."""
+    store = layout.root.parent / LAYERS
+    partial = store / f"{layer_id}.partial"
+    flatten = len(layers) + 1 > MAX_LAYERS
+    # The changes alone (the sandbox's own layer) on top of what it was started from, or
+    # everything it sees (a sandbox of no snapshot, or a chain to flatten).
+    source = layout.root / "rw" / "upper" if layers and not flatten else layout.root / "fs"
+    try:
+        with _frozen(cgroup):
+            _copy(source, partial)
+        _chown(partial, HostIds(owner, owner))
+        partial.chmod(0o755)
+        partial.rename(store / layer_id)
+    except BaseException:
+        rmtree(partial)
+        raise
+    return [layer_id] if flatten or not layers else [layer_id, *layers]
+
+
+def gc_layers(root: Path, referenced: set[str]) -> None:
+    """Delete the layers in none of ``referenced`` (those of live sandboxes) and of no
+    snapshot; and layers being written for longer than :data:`PARTIAL_AGE`."""
+    store = root / LAYERS
+    if not store.is_dir():
+        return
+    with layers_lock(root, exclusive=True):
+        used = set(referenced)
+        with contextlib.suppress(FileNotFoundError):
+            for snapshot in (root / SNAPSHOTS).iterdir():
+                meta = read_meta(snapshot)
+                if meta is not None:
+                    used.update(meta.layers)
+        for layer in store.iterdir():
+            name = layer.name
+            if name == ".lock" or name in used:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if name.endswith(".partial") and time.time() - layer.stat().st_mtime < PARTIAL_AGE:
+                    continue
+                rmtree(layer)
+
+
+# -- sandboxes -----------------------------------------------------------------------------
+
+
 def restore(snapshot: Path, layout: Layout) -> None:
-    """Fill a just-prepared sandbox's (empty) writable areas from ``snapshot``."""
+    """Copy mode: fill a just-prepared sandbox's (empty) writable areas from ``snapshot``."""
     fs = layout.root / "fs"
     _copy(snapshot / "fs", fs, into=True)
     if layout.host_ids is not None:
         _chown(fs, layout.host_ids)
+
+
+def mount_layers(layout: Layout, layers: list[str], owner: int) -> None:
+    """Layers mode: mount ``layers`` (idmapped to the sandbox's uid) under the sandbox's
+    own empty layer at ``fs/``. The caller holds :func:`layers_lock`."""
+    assert layout.host_ids is not None
+    store, lower = layout.root.parent / LAYERS, []
+    (layout.root / "lower").mkdir(mode=0o700)  # the layers are another sandbox's files
+    for i, layer in enumerate(layers):
+        point = layout.root / "lower" / str(i)
+        point.mkdir()
+        _overlay.idmapped_bind(store / layer, point, owner=owner, uid=layout.host_ids.uid)
+        lower.append(point)
+    _mount_own_layer(layout, lower)
+
+
+def reset_layers(layout: Layout, layers: list[str]) -> None:
+    """Layers mode: drop the sandbox's own layer (its processes are dead by now)."""
+    fs = layout.root / "fs"
+    if os.path.ismount(fs):
+        _overlay.unmount(fs)
+    rw = layout.root / "rw"
+    for name in ("upper", "work"):
+        rmtree(rw / name)
+    _mount_own_layer(layout, [layout.root / "lower" / str(i) for i in range(len(layers))])
+
+
+def _mount_own_layer(layout: Layout, lower: list[Path]) -> None:
+    assert layout.host_ids is not None
+    rw = layout.root / "rw"
+    upper, work = rw / "upper", rw / "work"
+    upper.mkdir(mode=0o700)
+    work.mkdir(mode=0o700)
+    os.chown(upper, layout.host_ids.uid, layout.host_ids.gid)
+    _overlay.mount_overlay(lower, upper, work, layout.root / "fs")
 
 
 def wipe(layout: Layout) -> None:
@@ -114,9 +239,13 @@ def sweep(root: Path) -> None:
                         rmtree(entry)
 
 
+# -- helpers -------------------------------------------------------------------------------
+
+
 def _copy(source: Path, target: Path, *, into: bool = False) -> None:
-    """``cp -a --reflink=auto``: ownership, modes, times, links, sparse files and hard
-    links kept; ``into``: copy the content of ``source`` into the existing ``target``."""
+    """``cp -a --reflink=auto``: ownership, modes, times, links, extended attributes (an
+    overlay's whiteouts and opaque directories) kept; ``into``: copy the content of
+    ``source`` into the existing ``target``."""
     args = ["cp", "-a", "--reflink=auto", "--", f"{source}/." if into else str(source)]
     result = subprocess.run(
         [*args, str(target)], capture_output=True, text=True, check=False, env=_ENV
