@@ -30,6 +30,7 @@ from asyncsandbox import (
     SandboxDefaults,
     SandboxDied,
     Session,
+    WarmPool,
 )
 from asyncsandbox.testing import CHECKS, Check
 
@@ -517,3 +518,52 @@ async def test_daemon_restart_mid_run_fails_in_flight_work_with_typed_errors() -
         assert len(errors) == 4, errors  # every in-flight exec ended with an infrastructure error
         assert time.monotonic() - started < 90  # within the execs' own timeout: nothing hung
     assert containers(f"asyncsandbox.tag.{tag}") == []
+
+
+def snapshot_images() -> list[str]:
+    done = subprocess.run(
+        ["docker", "images", "--format", "{{.Tag}}", "asyncsandbox-snapshot"],
+        capture_output=True,
+        timeout=30,
+        check=True,
+    )
+    return done.stdout.decode().split()
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["executor", "engine-api"])
+async def test_fork_and_snapshots_on_docker(fast_path: bool) -> None:
+    tag = unique()
+    before = snapshot_images()
+    s = Session(backend(fast_path=fast_path), defaults=SandboxDefaults(tags=(tag,)), sweep=False)
+    async with s, s.sandbox() as parent:
+        await parent.exec(
+            ["sh", "-c", "echo repo > f; mkdir -p ~/.cache && echo x > ~/.cache/y; (sleep 1004 &)"],
+            check=True,
+        )
+        listing = ["sh", "-c", "cat f ~/.cache/y; id -u; ps -eo args= | grep -c 'sleep 100[4]'"]
+        want = (await parent.exec(listing)).stdout
+        children = await parent.fork(3)
+        for child in children:
+            # Files, owner and home carried; the parent's processes are not.
+            assert (await child.exec(listing)).stdout == want.replace(b"\n1\n", b"\n0\n")
+        await children[0].write_file("f", "changed")
+        assert await children[1].read_file("f") == b"repo\n"
+        kept = await parent.snapshot(keep=True)
+        async with s.sandbox(from_snapshot=kept) as again:
+            assert await again.read_file("f") == b"repo\n"
+            # Deleted while a sandbox of it runs: no new sandbox starts from it, and its
+            # image goes with the last sandbox of it.
+            await s.delete_snapshot(kept)
+            with pytest.raises(InvalidArgument, match="no snapshot"):
+                await s.sandbox(from_snapshot=kept).start()
+        for child in children:
+            await child.stop()
+    assert snapshot_images() == before
+    assert containers(f"asyncsandbox.tag.{tag}") == []
+
+
+async def test_recycling_is_refused_on_docker() -> None:
+    s = session(unique(), warm_pool=WarmPool(size=1, recycle=True))
+    with pytest.raises(InvalidArgument, match="does not support reset"):
+        async with s:
+            pass

@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import base64
 import builtins
+import contextlib
 import io
 import json
 import posixpath
+import re
 import tarfile
 import time
 import uuid
@@ -80,6 +82,17 @@ _ROOT_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SE
 _AGENT_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
 
 
+SNAPSHOT_REPOSITORY = "asyncsandbox-snapshot"
+SNAPSHOT_LABEL = "asyncsandbox.snapshot"
+DELETED = "deleted-"  # the tag of a snapshot deleted while sandboxes used it
+
+
+def _snapshot_ref(snapshot_id: str) -> str:
+    if not re.fullmatch(r"s-[0-9a-f]{12}", snapshot_id):
+        raise InvalidArgument(f"{snapshot_id!r} is not a Docker backend snapshot id")
+    return f"{SNAPSHOT_REPOSITORY}:{snapshot_id}"
+
+
 class DockerAttributes(TypedAttributeSet):
     """Typed attributes of Docker sandboxes (``sandbox.extra(DockerAttributes.container_id)``)."""
 
@@ -145,6 +158,7 @@ class DockerBackend(Backend):
             enforced_limits=frozenset({"cpus", "memory_mb", "pids"}),
             network_modes=frozenset({"none", "host"}),
             reports_signal=fast_path,
+            snapshots=True,
         )
 
     @property
@@ -246,8 +260,11 @@ class DockerBackend(Backend):
         log.info("docker.image.pulled", image=image)
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
-        image = spec.image or self.default_image
-        await self._ensure_image(image)
+        if spec.snapshot is not None:
+            image = await self._snapshot_image(spec.snapshot)
+        else:
+            image = spec.image or self.default_image
+            await self._ensure_image(image)
         name = "asyncsandbox-" + uuid.uuid4().hex[:12]
         lifetime = FOREVER if spec.max_lifetime is None else str(max(1, round(spec.max_lifetime)))
         home = "/home/sandbox" if self.user == "sandbox" else "/root"
@@ -295,7 +312,8 @@ class DockerBackend(Backend):
             "Env": [f"HOME={home}", "LANG=C.UTF-8", *(f"{k}={v}" for k, v in spec.env.items())],
             "WorkingDir": spec.workdir,
             "User": "0:0",  # the main process; commands run as the sandbox user
-            "Labels": dict(spec.labels),
+            "Labels": dict(spec.labels)
+            | ({SNAPSHOT_LABEL: spec.snapshot} if spec.snapshot is not None else {}),
             "StopTimeout": 1,
             "OpenStdin": fast,
             "StdinOnce": fast,
@@ -332,7 +350,48 @@ class DockerBackend(Backend):
                     await executor.aclose()
                 await self._force_remove(name)
             raise
-        return DockerSandbox(self, name, image, spec.labels, executor)
+        return DockerSandbox(self, name, image, spec.labels, executor, snapshot=spec.snapshot)
+
+    # -- snapshots: images committed from containers ---------------------------------------
+
+    async def _snapshot_image(self, snapshot_id: str) -> str:
+        image = _snapshot_ref(snapshot_id)
+        try:
+            await self.engine.call("GET", f"images/{image}/json")
+        except SandboxError as exc:
+            if "no such image" in str(exc).lower():
+                raise InvalidArgument(
+                    f"no snapshot {snapshot_id!r} in this Docker engine (it was deleted, or "
+                    "taken by another backend)"
+                ) from None
+            raise
+        return image
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        image = _snapshot_ref(snapshot_id)
+        try:
+            await self.engine.call("DELETE", f"images/{image}")
+            return
+        except SandboxError as exc:
+            message = str(exc).lower()
+            if "no such image" in message:
+                return
+            if "(409)" not in message:
+                raise
+        # Containers started from it still run: it goes once the last one does. Until
+        # then it is renamed, so that no new sandbox starts from it.
+        name, _, tag = image.partition(":")
+        await self.engine.call(
+            "POST", f"images/{image}/tag", params={"repo": name, "tag": DELETED + tag}
+        )
+        await self.engine.call("DELETE", f"images/{image}")
+
+    async def _forget_deleted_snapshot(self, snapshot_id: str) -> None:
+        """After a sandbox of ``snapshot_id`` went: delete the snapshot's image if it was
+        deleted while in use and nothing uses it any more."""
+        name, _, tag = _snapshot_ref(snapshot_id).partition(":")
+        with contextlib.suppress(SandboxError):  # still in use, or never deleted
+            await self.engine.call("DELETE", f"images/{name}:{DELETED}{tag}")
 
     async def _executor_failure(self, name: str, executor: Executor) -> str | None:
         """Why the executor of container ``name`` did not start. Its stderr says why, but
@@ -436,7 +495,10 @@ class DockerSandbox(ShellFiles, SandboxHandle):
         image: str,
         labels: Mapping[str, str],
         executor: Executor | None = None,
+        *,
+        snapshot: str | None = None,
     ) -> None:
+        self._snapshot = snapshot  # started from it
         self._executor = executor
         self._has_tar: bool | None = None
         self._backend = backend
@@ -880,3 +942,37 @@ class DockerSandbox(ShellFiles, SandboxHandle):
             return
         if not await self._backend._force_remove(self._name):
             raise BackendUnavailable(f"could not remove container {self._name}", retryable=True)
+        if self._snapshot is not None:
+            await self._backend._forget_deleted_snapshot(self._snapshot)
+
+    async def snapshot(self) -> str:
+        """A ``docker commit`` of the container (paused meanwhile) to an image of our own
+        repository; the image's configuration is the original image's environment only, so
+        that a sandbox started from it gets its own settings (as a fresh one would)."""
+        self._check()
+        snapshot_id = "s-" + uuid.uuid4().hex[:12]
+        name, _, tag = _snapshot_ref(snapshot_id).partition(":")
+        try:
+            container = await self._engine.call(
+                "GET", f"containers/{self._name}/json", sandbox_id=self._name
+            )
+            base = await self._engine.call("GET", f"images/{container['Image']}/json")
+            env = (base.get("Config") or {}).get("Env") or []
+        except SandboxError as error:
+            raise await self._died(error) from error
+        try:
+            with anyio.CancelScope(shield=True):  # a commit in flight happens anyway
+                await self._engine.call(
+                    "POST",
+                    "commit",
+                    params={"container": self._name, "repo": name, "tag": tag, "pause": True},
+                    body={"Env": env, "Labels": {SNAPSHOT_LABEL: snapshot_id}},
+                    sandbox_id=self._name,
+                    deadline=self._backend.timeouts.create,
+                )
+            await anyio.lowlevel.checkpoint()
+        except BaseException:
+            with anyio.CancelScope(shield=True), contextlib.suppress(SandboxError):
+                await self._backend.delete_snapshot(snapshot_id)
+            raise
+        return snapshot_id
