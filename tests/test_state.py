@@ -355,3 +355,29 @@ async def test_a_sandbox_from_a_snapshot_copies_nothing_as_root(process_root: Pa
         assert len([p for p in layers.iterdir() if p.name != ".lock"]) == 1
     # The session deleted its snapshot; no sandbox uses the layer: it is gone.
     assert [p for p in layers.iterdir() if p.name != ".lock"] == []
+
+
+async def test_a_snapshot_while_commands_run_freezes_them_or_is_refused(
+    process_root: Path,
+) -> None:
+    loop = "i=0; while :; do i=$((i+1)); echo $i >> count; done"
+    async with session(process_root) as s, s.sandbox() as sandbox:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sandbox.exec, ["sh", "-c", loop])
+            await anyio.sleep(0.3)
+            if os.geteuid() != 0:  # no cgroup freezer: a copy could be torn
+                with pytest.raises(InvalidArgument, match="freezer"):
+                    await sandbox.snapshot()
+                tg.cancel_scope.cancel()
+                return
+            snapshot = await sandbox.snapshot()
+            size = len(await sandbox.read_file("count"))
+            await anyio.sleep(0.2)
+            assert len(await sandbox.read_file("count")) > size, "the command stayed frozen"
+            tg.cancel_scope.cancel()
+        async with s.sandbox(from_snapshot=snapshot) as copy:
+            lines = (await copy.read_file("count")).decode().split("\n")
+            # One moment's state: whole lines 1..n, at most the last one cut.
+            numbers = [int(line) for line in lines[:-2]]
+            assert numbers == list(range(1, len(numbers) + 1))
+            assert len(numbers) > 10

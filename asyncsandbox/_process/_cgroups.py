@@ -57,7 +57,7 @@ class Cgroups:
     @classmethod
     def _detect_v1(cls) -> Cgroups | None:
         bases: dict[str, Path] = {}
-        for controller in ("memory", "pids", "cpu"):
+        for controller in ("memory", "pids", "cpu", "freezer"):  # freezer: for snapshots
             mount = CGROUP_ROOT / controller
             if (mount / "cgroup.procs").exists() and os.access(mount, os.W_OK):
                 base = mount / PARENT
@@ -72,7 +72,7 @@ class Cgroups:
         if self.version == 2:
             return frozenset({"memory_mb", "pids", "cpus"})
         names = {"memory": "memory_mb", "pids": "pids", "cpu": "cpus"}
-        return frozenset(names[c] for c in self._bases)
+        return frozenset(names[c] for c in self._bases if c in names)
 
     def create(self, sandbox_id: str, resources: Resources) -> SandboxCgroup:
         group = SandboxCgroup(self.version, {c: b / sandbox_id for c, b in self._bases.items()})
@@ -143,23 +143,27 @@ class SandboxCgroup:
 
     @property
     def can_freeze(self) -> bool:
-        return self.version == 2
+        return self.version == 2 or "freezer" in self.dirs
 
     def freeze(self, frozen: bool, deadline: float) -> bool:
-        """Freeze (or thaw) every process of the cgroup (cgroup v2); True once the kernel
-        reports it done, False where there is no freezer or it did not finish in time."""
-        if self.version != 2:
+        """Freeze (or thaw) every process of the cgroup; True once the kernel reports it
+        done, False where there is no freezer or it did not finish in time."""
+        if self.version == 2:
+            control, value = self.dirs["unified"] / "cgroup.freeze", "1" if frozen else "0"
+            state, wanted = self.dirs["unified"] / "cgroup.events", f"frozen {int(frozen)}"
+        elif "freezer" in self.dirs:
+            control = state = self.dirs["freezer"] / "freezer.state"
+            value = wanted = "FROZEN" if frozen else "THAWED"
+        else:
             return False
-        directory = self.dirs["unified"]
         try:
-            (directory / "cgroup.freeze").write_text("1" if frozen else "0")
+            control.write_text(value)
         except OSError:
             return False
-        wanted = f"frozen {int(frozen)}"
         end = time.monotonic() + deadline
         while time.monotonic() < end:
             with contextlib.suppress(OSError):
-                if wanted in (directory / "cgroup.events").read_text().splitlines():
+                if wanted in state.read_text().splitlines():
                     return True
             time.sleep(0.002)
         return False
