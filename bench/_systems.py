@@ -178,6 +178,7 @@ class Variant:
 
     backend_options: Mapping[str, Any] = field(default_factory=dict)
     warm_pool: bool = False
+    recycle: bool = False
     requires: tuple[str, ...] = ()
     description: str = ""
 
@@ -205,6 +206,15 @@ DOCKER_VARIANTS: dict[str, Variant] = {
         description="as asyncsandbox-docker with Session(warm_pool=WarmPool(size=N, "
         "max_age=600)): acquisition is a hand-over from pre-started sandboxes",
     ),
+    "asyncsandbox-docker-recycle": Variant(
+        backend_options={"recyclable": True},
+        warm_pool=True,
+        recycle=True,
+        requires=("warm_pool", "recycle"),
+        description="as asyncsandbox-docker-pool with WarmPool(recycle=True) and "
+        "DockerBackend(recyclable=True): a stopped sandbox is reset and handed to the next "
+        "rollout instead of being removed and replaced",
+    ),
 }
 
 
@@ -228,6 +238,8 @@ def features() -> set[str]:
         and "warm_pool" in inspect.signature(asyncsandbox.Session).parameters
     ):
         found.add("warm_pool")
+        if "recycle" in getattr(asyncsandbox.WarmPool, "__struct_fields__", ()):
+            found.add("recycle")
     return found
 
 
@@ -328,7 +340,8 @@ class AsyncsandboxDocker(Asyncsandbox):
 
             warm_pool = getattr(asyncsandbox, "WarmPool")  # noqa: B009 - not in every version
             try:
-                options["warm_pool"] = warm_pool(size=config.pool_size, max_age=600.0)
+                extra = {"recycle": True} if variant.recycle else {}
+                options["warm_pool"] = warm_pool(size=config.pool_size, max_age=600.0, **extra)
             except TypeError as exc:
                 raise Unavailable(f"WarmPool(size=, max_age=) did not construct: {exc}") from exc
         super().__init__(name, config, backend, session_options=options)

@@ -562,8 +562,48 @@ async def test_fork_and_snapshots_on_docker(fast_path: bool) -> None:
     assert containers(f"asyncsandbox.tag.{tag}") == []
 
 
-async def test_recycling_is_refused_on_docker() -> None:
+async def test_recycling_is_refused_on_docker_unless_recyclable() -> None:
     s = session(unique(), warm_pool=WarmPool(size=1, recycle=True))
     with pytest.raises(InvalidArgument, match="does not support reset"):
         async with s:
             pass
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["executor", "engine-api"])
+async def test_a_recycled_container_is_indistinguishable_from_a_fresh_one(fast_path: bool) -> None:
+    from .test_state import LOOK, PLANT
+
+    async def look(sandbox: Sandbox) -> str:
+        result = await sandbox.exec(["sh", "-c", LOOK])
+        assert result.returncode == 0, result.stderr_text
+        return result.stdout_text
+
+    tag = unique()
+    s = Session(
+        backend(fast_path=fast_path, recyclable=True),
+        defaults=SandboxDefaults(tags=(tag,)),
+        warm_pool=WarmPool(size=1, recycle=True),
+        sweep=False,
+    )
+    async with s:
+        async with s.sandbox() as fresh:
+            expected = await look(fresh)
+            first = fresh.id
+            planted = await fresh.exec(["sh", "-c", PLANT])
+            assert planted.stdout_text.strip().endswith("done"), planted.stderr_text
+            assert await look(fresh) != expected
+        with anyio.fail_after(60):
+            while s.statistics().pool_ready < 2:  # noqa: ASYNC110 - polling statistics
+                await anyio.sleep(0.05)
+        async with s.sandbox() as a, s.sandbox() as b:
+            reused = a if a.id == first else b
+            assert reused.id == first, "the released container was not recycled"
+            await anyio.sleep(0.2)  # a surviving loop would write again meanwhile
+            assert await look(reused) == expected
+        assert s.metrics()["asyncsandbox/reset_failures"] == 0
+    assert containers(f"asyncsandbox.tag.{tag}") == []
+
+
+def test_recyclable_needs_the_sandbox_user() -> None:
+    with pytest.raises(InvalidArgument, match="user='sandbox'"):
+        backend(recyclable=True, user="root")

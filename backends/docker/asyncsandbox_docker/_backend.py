@@ -82,6 +82,33 @@ _ROOT_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SE
 _AGENT_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
 
 
+_TMPFS = "rw,exec,nosuid,nodev"
+# Run as the sandbox user: its every other process killed (until none is left), then the
+# writable places (the arguments, /dev/shm, /dev/mqueue) and its IPC objects emptied;
+# exits non-zero, saying what is left, unless all of it is clean. Only shell builtins
+# while processes may remain (a fork would be one more process to find).
+_RESET = r"""
+for attempt in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+    kill -9 -1 2>/dev/null
+    left=0
+    for p in /proc/[0-9]*; do
+        [ "${p#/proc/}" = "$$" ] && continue
+        [ -O "$p" ] && left=$((left + 1))
+    done
+    [ "$left" = 0 ] && break
+done
+[ "$left" = 0 ] || { echo "$left processes survived"; exit 1; }
+status=0
+for dir in "$@" /dev/shm /dev/mqueue; do
+    [ -d "$dir" ] || continue
+    chmod -R u+rwX "$dir" 2>/dev/null
+    find "$dir" -mindepth 1 -delete 2>/dev/null
+    [ -z "$(ls -A "$dir")" ] || { echo "$dir is not empty"; status=1; }
+done
+ipcrm --all 2>/dev/null
+[ -z "$(ipcs -q -m -s 2>/dev/null | grep '^0x')" ] || { echo "IPC objects remain"; status=1; }
+exit $status
+"""
 SNAPSHOT_REPOSITORY = "asyncsandbox-snapshot"
 SNAPSHOT_LABEL = "asyncsandbox.snapshot"
 DELETED = "deleted-"  # the tag of a snapshot deleted while sandboxes used it
@@ -122,6 +149,11 @@ class DockerBackend(Backend):
     :param fast_path: run commands and file operations through a resident executor in each
         sandbox (one ``docker exec`` per sandbox, then no daemon work per command); when
         off, or when the executor cannot run, every command is an Engine API exec.
+    :param recyclable: containers that can be reset for another episode (recycling, see
+        ``WarmPool(recycle=True)``): the image's filesystem is read-only and every place
+        the sandbox user can write is a tmpfs (the workdir, the home, ``/tmp``,
+        ``/var/tmp``, ``/dev/shm``), whose content counts toward ``memory_mb``. With
+        ``user="sandbox"`` only.
 
     Runs on asyncio only (aiodocker is asyncio-based).
     """
@@ -138,13 +170,20 @@ class DockerBackend(Backend):
         call_deadline: float = 30.0,
         max_connections: int = 4096,
         fast_path: bool = True,
+        recyclable: bool = False,
     ) -> None:
         if user not in ("sandbox", "root"):
             raise InvalidArgument(f"user must be 'sandbox' or 'root', got {user!r}")
         if pull not in ("missing", "never"):
             raise InvalidArgument(f"pull must be 'missing' or 'never', got {pull!r}")
+        if recyclable and user != "sandbox":
+            raise InvalidArgument(
+                "recyclable=True needs user='sandbox': a reset kills every process of the "
+                "sandbox user, which root processes would survive"
+            )
         self.default_image = default_image
         self.fast_path = fast_path
+        self.recyclable = recyclable
         self.user = user
         self.pull = pull
         self.engine = Engine(url, call_deadline=call_deadline, max_connections=max_connections)
@@ -159,6 +198,7 @@ class DockerBackend(Backend):
             network_modes=frozenset({"none", "host"}),
             reports_signal=fast_path,
             snapshots=True,
+            reset=recyclable,
         )
 
     @property
@@ -277,6 +317,16 @@ class DockerBackend(Backend):
             "SecurityOpt": ["no-new-privileges"],
             "LogConfig": {"Type": "none", "Config": {}},
         }
+        if self.recyclable:
+            host_config["ReadonlyRootfs"] = True
+            owned = f"{_TMPFS},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=755"
+            host_config["Tmpfs"] = {
+                "/tmp": f"{_TMPFS},mode=1777",
+                "/var/tmp": f"{_TMPFS},mode=1777",
+                "/run": "rw,nosuid,nodev,mode=755",  # the executor's
+                spec.workdir: owned,
+                home: owned,
+            }
         if resources.memory_mb is not None:
             host_config["Memory"] = host_config["MemorySwap"] = resources.memory_mb * 1024 * 1024
         if resources.pids is not None:
@@ -334,7 +384,7 @@ class DockerBackend(Backend):
             if executor is not None:
                 assert self._task_group is not None
                 await self._task_group.start(executor.run, name=f"executor {name}")
-            elif self.user == "sandbox":
+            elif self.user == "sandbox" and not self.recyclable:
                 # Before start: the first command must find its workdir and home writable.
                 dirs = _tar.directories(
                     [spec.workdir.lstrip("/"), home.lstrip("/")], uid=SANDBOX_UID, gid=SANDBOX_UID
@@ -350,7 +400,9 @@ class DockerBackend(Backend):
                     await executor.aclose()
                 await self._force_remove(name)
             raise
-        return DockerSandbox(self, name, image, spec.labels, executor, snapshot=spec.snapshot)
+        return DockerSandbox(
+            self, name, image, spec.labels, executor, snapshot=spec.snapshot, workdir=spec.workdir
+        )
 
     # -- snapshots: images committed from containers ---------------------------------------
 
@@ -497,8 +549,10 @@ class DockerSandbox(ShellFiles, SandboxHandle):
         executor: Executor | None = None,
         *,
         snapshot: str | None = None,
+        workdir: str = "/workspace",
     ) -> None:
         self._snapshot = snapshot  # started from it
+        self._workdir = workdir
         self._executor = executor
         self._has_tar: bool | None = None
         self._backend = backend
@@ -944,6 +998,29 @@ class DockerSandbox(ShellFiles, SandboxHandle):
             raise BackendUnavailable(f"could not remove container {self._name}", retryable=True)
         if self._snapshot is not None:
             await self._backend._forget_deleted_snapshot(self._snapshot)
+
+    async def reset(self) -> None:
+        """Kill every process of the sandbox user and empty every tmpfs it can write to
+        (``recyclable`` containers: nothing else is writable), through the sandbox's own
+        command path; raise unless the script confirms that nothing is left."""
+        if not self._backend.recyclable:
+            raise InvalidArgument("only recyclable Docker sandboxes can be reset")
+        home = "/home/sandbox"
+        output = bytearray()
+
+        async def collect(stream: str, data: bytes) -> None:
+            output.extend(data)
+
+        status = await self.exec(
+            ("/bin/sh", "-c", _RESET, "reset", "/tmp", "/var/tmp", self._workdir, home),
+            cwd="/",
+            env={"LC_ALL": "C"},
+            stdin=None,
+            on_output=collect,
+        )
+        if status.returncode != 0:
+            said = output.decode(errors="replace").strip()[-2000:]
+            raise BackendUnavailable(f"sandbox {self._name} could not be reset: {said}")
 
     async def snapshot(self) -> str:
         """A ``docker commit`` of the container (paused meanwhile) to an image of our own
