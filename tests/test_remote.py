@@ -559,6 +559,50 @@ async def test_tenants_through_the_backend(process_server: Server) -> None:
         assert (await sb.exec(["true"])).returncode == 0
 
 
+async def test_fork_and_snapshots_through_the_server(process_server: Server) -> None:
+    async with (
+        Session(process_server.backend(ALICE)(), sweep=False) as alice,
+        Session(process_server.backend(BOB)(), sweep=False) as bob,
+    ):
+        assert alice.backend.capabilities.snapshots
+        async with alice.sandbox() as parent:
+            await parent.exec(["sh", "-c", "echo state > f; echo rc > ~/.rc"], check=True)
+            children = await parent.fork(2)
+            for child in children:
+                assert await child.read_file("/home/sandbox/.rc") == b"rc\n"
+                assert await child.read_file("f") == b"state\n"
+                await child.stop()
+            kept = await parent.snapshot(keep=True)
+        async with alice.sandbox(from_snapshot=kept) as again:
+            assert await again.read_file("f") == b"state\n"
+        # Another tenant can neither start from it nor delete it.
+        with pytest.raises(InvalidArgument, match="no snapshot"):
+            await bob.sandbox(from_snapshot=kept).start()
+        await bob.delete_snapshot(kept)
+        async with alice.sandbox(from_snapshot=kept) as still:
+            assert await still.read_file("f") == b"state\n"
+        await alice.delete_snapshot(kept)
+        with pytest.raises(InvalidArgument, match="no snapshot"):
+            await alice.sandbox(from_snapshot=kept).start()
+
+
+def test_snapshot_routes_answer_only_their_tenant(process_server: Server) -> None:
+    with process_server.client(ALICE) as alice, process_server.client(BOB) as bob:
+        mine = _create(alice)
+        assert bob.post(f"/v1/sandboxes/{mine}/snapshot").status_code == 404
+        created = alice.post(f"/v1/sandboxes/{mine}/snapshot")
+        assert created.status_code == 201, created.text
+        snapshot = created.json()["id"]
+        refused = bob.post("/v1/sandboxes", json={"snapshot": snapshot})
+        assert refused.status_code == 400
+        assert bob.delete(f"/v1/snapshots/{snapshot}").status_code == 204  # a no-op for bob
+        copy = alice.post("/v1/sandboxes", json={"snapshot": snapshot})
+        assert copy.status_code == 201, copy.text
+        assert alice.delete(f"/v1/snapshots/{snapshot}").status_code == 204
+        for sandbox_id in (mine, copy.json()["id"]):
+            assert alice.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
+
 # -- quotas and limits --------------------------------------------------------------------
 
 

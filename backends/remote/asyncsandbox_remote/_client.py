@@ -480,6 +480,7 @@ class RemoteBackend(Backend):
                 enforced_limits=frozenset(caps.enforced_limits),
                 network_modes=frozenset(caps.network_modes),
                 reports_signal=caps.reports_signal,
+                snapshots=caps.snapshots,
             )
             # Exited in aclose(), which the Session calls from this same task.
             await task_group.__aenter__()
@@ -525,6 +526,14 @@ class RemoteBackend(Backend):
                 continue
             self._leased.difference_update(missing)
 
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        await self.api.call(
+            "DELETE",
+            _snapshot_path(snapshot_id),
+            what="delete snapshot",
+            reconnect=True,  # idempotent
+        )
+
     def _handle(self, description: w.SandboxDescription) -> RemoteSandbox:
         self._leased.add(description.id)
         return RemoteSandbox(self, description)
@@ -541,6 +550,7 @@ class RemoteBackend(Backend):
             labels=dict(spec.labels),
             max_lifetime=spec.max_lifetime,
             lease_seconds=self._lease_seconds,
+            snapshot=spec.snapshot,
         )
         api = self.api
         try:
@@ -599,6 +609,12 @@ class RemoteBackend(Backend):
             "GET", "/v1/sandboxes", what="list", reconnect=False, params=params
         )
         return [_info(item) for item in _decode(w.LIST, response).items]
+
+
+def _snapshot_path(snapshot_id: str) -> str:
+    from urllib.parse import quote
+
+    return f"/v1/snapshots/{quote(snapshot_id, safe='')}"
 
 
 def _sandbox_path(sandbox_id: str, suffix: str = "") -> str:
@@ -813,6 +829,19 @@ class RemoteSandbox(SandboxHandle):
             "GET", _sandbox_path(self._id), what="inspect", reconnect=False, sandbox_id=self._id
         )
         return _info(_decode(w.DESCRIPTION, response))
+
+    async def snapshot(self) -> str:
+        # Sent once (a retry would take another snapshot); its answer lost, the snapshot
+        # stays the tenant's until the server goes (it is not this session's to delete).
+        response = await self._backend.api.call(
+            "POST",
+            _sandbox_path(self._id) + "/snapshot",
+            what="snapshot",
+            reconnect=False,
+            sandbox_id=self._id,
+        )
+        created: w.SnapshotCreated = _decode(w.SNAPSHOT, response)
+        return created.id
 
     async def remove(self) -> None:
         try:

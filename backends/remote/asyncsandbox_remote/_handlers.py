@@ -97,6 +97,7 @@ class Handlers:
                     enforced_limits=sorted(caps.enforced_limits) if caps else [],
                     network_modes=networks,
                     reports_signal=caps.reports_signal if caps else False,
+                    snapshots=caps.snapshots if caps else False,
                 ),
                 lease_seconds=self.config.lease_seconds,
                 max_lease_seconds=self.config.max_lease_seconds,
@@ -144,8 +145,14 @@ class Handlers:
         ):
             raise bad_request(f"network={spec.network!r} is not allowed on this server")
         res = spec.resources
+        snapshot: dict[str, Any] = {}
+        if spec.snapshot is not None:
+            if spec.snapshot not in tenant.snapshots:
+                raise bad_request(f"no snapshot {spec.snapshot!r} of this tenant")
+            snapshot = {"from_snapshot": spec.snapshot}
         try:
             sandbox = self.server.session.sandbox(
+                **snapshot,
                 image=spec.image,
                 env=spec.env,
                 workdir=spec.workdir,
@@ -243,6 +250,24 @@ class Handlers:
             for record in chosen:
                 tg.start_soon(self.tenancy.drop, record)
         return json_response(w.DELETED, w.DeletedSandboxes(ids=[r.id for r in chosen]))
+
+    # -- snapshots ------------------------------------------------------------
+
+    async def snapshot_sandbox(self, request: Request) -> Response:
+        tenant = self.tenancy.authenticate(request)
+        record = self.tenancy.record(tenant, request.path_params["sandbox_id"])
+        async with self.tenancy.use(tenant, record):
+            snapshot = await record.sandbox.snapshot(keep=True)  # the tenant's to delete
+        tenant.snapshots.add(snapshot.id)
+        return json_response(w.SNAPSHOT, w.SnapshotCreated(id=snapshot.id), 201)
+
+    async def delete_snapshot(self, request: Request) -> Response:
+        tenant = self.tenancy.authenticate(request)
+        snapshot_id = request.path_params["snapshot_id"]
+        if snapshot_id in tenant.snapshots:  # (another tenant's: as if it did not exist)
+            await self.server.session.delete_snapshot(snapshot_id)
+            tenant.snapshots.discard(snapshot_id)
+        return Response(status_code=204)
 
     async def get_sandbox(self, request: Request) -> Response:
         tenant = self.tenancy.authenticate(request)

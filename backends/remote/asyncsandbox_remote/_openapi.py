@@ -162,6 +162,35 @@ OPERATIONS: tuple[Operation, ...] = (
         tags=("sandboxes",),
     ),
     Operation(
+        "snapshot_sandbox",
+        "POST",
+        "/v1/sandboxes/{sandbox_id}/snapshot",
+        "Snapshot a sandbox's filesystem state (not its processes); start sandboxes from it "
+        "with CreateSandbox.snapshot until it is deleted.",
+        params=(_SANDBOX_ID,),
+        ok=201,
+        answer=w.SnapshotCreated,
+        errors=(400, 401, 404, 503),
+        tags=("snapshots",),
+    ),
+    Operation(
+        "delete_snapshot",
+        "DELETE",
+        "/v1/snapshots/{snapshot_id}",
+        "Delete one of this tenant's snapshots (sandboxes started from it go on). Idempotent.",
+        params=(
+            Param(
+                "snapshot_id",
+                "path",
+                {"type": "string", "minLength": 1, "maxLength": 1024},
+                required=True,
+            ),
+        ),
+        ok=204,
+        errors=(400, 401),
+        tags=("snapshots",),
+    ),
+    Operation(
         "get_sandbox",
         "GET",
         "/v1/sandboxes/{sandbox_id}",

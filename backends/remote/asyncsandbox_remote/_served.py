@@ -64,6 +64,9 @@ class ServedBackend(Backend):
     async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
         return await self.inner.list(labels=labels)
 
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        await self.inner.delete_snapshot(snapshot_id)
+
 
 class _ServedHandle(SandboxHandle):
     def __init__(self, backend: ServedBackend, inner: SandboxHandle) -> None:
@@ -106,6 +109,9 @@ class _ServedHandle(SandboxHandle):
 
     async def inspect(self) -> SandboxInfo:
         return await self._inner.inspect()
+
+    async def snapshot(self) -> str:
+        return await self._inner.snapshot()
 
     async def remove(self) -> None:
         if not self._backend.keep:

@@ -115,6 +115,7 @@ class TenantState:
     creating: int = 0
     in_flight: int = 0
     keys: OrderedDict[str, Creation] = field(default_factory=OrderedDict)
+    snapshots: set[str] = field(default_factory=set)  # snapshots it took and not deleted
 
     @property
     def tag(self) -> str:

@@ -39,6 +39,7 @@ __all__ = (
     "SandboxDescription",
     "SandboxList",
     "ServerInfo",
+    "SnapshotCreated",
 )
 
 API_VERSION = "v1"
@@ -91,6 +92,9 @@ class CreateSandbox(_Message, kw_only=True):
     lease_seconds: PositiveSeconds | None = None
     """How long the sandbox survives without being used or renewed (``null``: the
     server's default; capped by the server's maximum)."""
+    snapshot: ShortText | None = None
+    """Start from this snapshot of the tenant's (``POST /v1/sandboxes/{id}/snapshot``);
+    ``image`` is then the snapshot's."""
 
 
 class SandboxDescription(_Message, kw_only=True):
@@ -252,6 +256,14 @@ class Capabilities(_Message, kw_only=True):
     enforced_limits: list[str] = msgspec.field(default_factory=list)
     network_modes: list[str] = msgspec.field(default_factory=lambda: ["none"])
     reports_signal: bool = False
+    snapshots: bool = False
+
+
+class SnapshotCreated(_Message, kw_only=True):
+    """Answer of ``POST /v1/sandboxes/{id}/snapshot``: the new snapshot, which the tenant
+    starts sandboxes from (``CreateSandbox.snapshot``) until it deletes it."""
+
+    id: str
 
 
 class ServerInfo(_Message, kw_only=True):
@@ -304,6 +316,7 @@ FRAME_TYPE: Codec[_FrameType] = Codec(_FrameType)
 ERROR: Codec[ErrorResponse] = Codec(ErrorResponse)
 HEALTH: Codec[Health] = Codec(Health)
 INFO: Codec[ServerInfo] = Codec(ServerInfo)
+SNAPSHOT: Codec[SnapshotCreated] = Codec(SnapshotCreated)
 
 
 def decode_frame(line: bytes) -> ExecFrame | None:
