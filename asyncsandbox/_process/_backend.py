@@ -303,6 +303,11 @@ class ProcessBackend(Backend):
                 "; commands forked by a resident executor per sandbox (fast path, native)"
                 if self._native is not None
                 else ""
+            )
+            + (
+                "; snapshots are overlay layers (O(changed))"
+                if self._layer_owner is not None
+                else "; snapshots are copies (O(data) without reflinks)"
             ),
             enforced_limits=frozenset(limits),
             network_modes=frozenset({"none", "host"} if mechanism.isolated else {"host"}),
