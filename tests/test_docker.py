@@ -607,3 +607,17 @@ async def test_a_recycled_container_is_indistinguishable_from_a_fresh_one(fast_p
 def test_recyclable_needs_the_sandbox_user() -> None:
     with pytest.raises(InvalidArgument, match="user='sandbox'"):
         backend(recyclable=True, user="root")
+
+
+async def test_recycling_under_load_hands_over_no_state() -> None:
+    from .test_state import episodes_leave_nothing
+
+    s = Session(
+        backend(recyclable=True),
+        defaults=SandboxDefaults(tags=(unique(),)),
+        warm_pool=WarmPool(size=8, recycle=True),
+        sweep=False,
+    )
+    async with s:
+        seen = await episodes_leave_nothing(s, episodes=64, concurrency=16)
+    assert len(seen) < 64, "no container was reused"

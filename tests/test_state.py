@@ -381,3 +381,33 @@ async def test_a_snapshot_while_commands_run_freezes_them_or_is_refused(
             numbers = [int(line) for line in lines[:-2]]
             assert numbers == list(range(1, len(numbers) + 1))
             assert len(numbers) > 10
+
+
+async def episodes_leave_nothing(s: Session, *, episodes: int, concurrency: int) -> set[str]:
+    """Episodes through a recycling session, ``concurrency`` at a time: each checks that
+    its sandbox looks fresh, then plants state everywhere. Return the sandbox ids used."""
+    async with s.sandbox() as first:
+        fresh = await look(first)
+    seen: set[str] = set()
+    limiter = anyio.Semaphore(concurrency)
+
+    async def episode() -> None:
+        async with limiter, s.sandbox() as sandbox:
+            assert sandbox.id is not None
+            seen.add(sandbox.id)
+            assert await look(sandbox) == fresh, f"{sandbox.id} was handed over dirty"
+            planted = await sandbox.exec(["sh", "-c", PLANT])
+            assert planted.stdout_text.strip().endswith("done"), planted.stderr_text
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(episodes):
+            tg.start_soon(episode)
+    assert s.metrics()["asyncsandbox/reset_failures"] == 0
+    return seen
+
+
+async def test_recycling_under_load_hands_over_no_state(process_root: Path) -> None:
+    pool = WarmPool(size=4, recycle=True)
+    async with session(process_root, warm_pool=pool) as s:
+        seen = await episodes_leave_nothing(s, episodes=48, concurrency=12)
+    assert len(seen) < 48, "no sandbox was reused"
