@@ -296,15 +296,22 @@ class RayBackend(Backend):
         self._placed[node_id] = self._placed.get(node_id, 0) + 1
         labels = {**spec.labels, OWNER_LABEL: self._owner}
         wire = msgspec.to_builtins(msgspec.structs.replace(spec, labels=labels))
+        token = uuid.uuid4().hex
         try:
             with _ray_errors(None, "create"):
                 await _result(actor.renew.remote(self._owner), None)
-                local_id = _unwrap(await _result(actor.create.remote(wire), None), None)
+                local_id = _unwrap(await _result(actor.create.remote(token, wire), None), None)
         except BaseException:
             self._placed[node_id] -= 1
+            # Shielded and bounded: a cancelled create leaves nothing behind, so the node
+            # is told to remove what it makes (or made) for this token.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeouts.cleanup):
+                try:
+                    await _result(actor.abandon.remote(token), None)
+                except Exception as exc:  # the node is gone; so is the sandbox
+                    log.debug("ray.create.abandon_failed", node=node_id, error=repr(exc))
             raise
-        # A create cancelled after the node made the sandbox: the sweeper removes it at
-        # lease end. (The runtime removes what create returned on cancellation.)
+        actor.created.remote(token)  # fire and forget: only frees the token
         return RaySandbox(self, actor, node_id, local_id)
 
     async def attach(self, sandbox_id: str) -> SandboxHandle:
@@ -377,10 +384,14 @@ class RaySandbox(SandboxHandle):
         on_output: OutputCallback,
         timeout: float | None = None,
     ) -> ExitStatus:
-        run_id, (chunks, status, error) = await self._call(
-            "exec_start", argv, cwd, dict(env), stdin, timeout, wait=POLL_WAIT + CALL_GRACE
-        )
+        run_id = uuid.uuid4().hex  # ours: a start still on its way can be killed by it
+        status: Any = None
+        error: Any = None
         try:
+            chunks, status, error = await self._call(
+                "exec_start", run_id, argv, cwd, dict(env), stdin, timeout,
+                wait=POLL_WAIT + CALL_GRACE,
+            )
             while True:
                 for stream, data in chunks:
                     await on_output(stream, data)

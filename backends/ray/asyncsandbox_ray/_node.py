@@ -23,7 +23,6 @@ import asyncio
 import os
 import socket
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +87,9 @@ class NodeAgent:
         self._handles: dict[str, SandboxHandle] = {}
         self._runs: dict[str, _Run] = {}
         self._leases: dict[str, float] = {}
+        self._killed: dict[str, float] = {}
+        self._abandoned: dict[str, float] = {}  # create tokens the driver gave up on
+        self._created: dict[str, str] = {}  # create token -> sandbox, until acknowledged  # run ids killed before they started
         self._started = time.time()
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -165,7 +167,8 @@ class NodeAgent:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def create(self, spec: dict[str, Any]) -> Any:
+    async def create(self, token: str, spec: dict[str, Any]) -> Any:
+        """Create a sandbox; ``token`` (the driver's) lets :meth:`abandon` undo it."""
         try:
             backend = await self._open()
             spec = dict(spec)
@@ -174,7 +177,22 @@ class NodeAgent:
         except SandboxError as exc:
             return "error", error_to_wire(exc)
         self._handles[handle.id] = handle
+        if token in self._abandoned:  # the driver gave up while we were creating
+            await self._remove(handle.id)
+            return "error", ("died", {"id": handle.id, "reason": "create abandoned"})
+        self._created[token] = handle.id
         return "ok", handle.id
+
+    async def abandon(self, token: str) -> None:
+        """The driver cancelled the create ``token``: remove what it made, now or later."""
+        self._abandoned[token] = time.monotonic()
+        local_id = self._created.pop(token, None)
+        if local_id is not None:
+            await self._remove(local_id)
+
+    async def created(self, token: str) -> None:
+        """The driver has the sandbox of create ``token``: forget the token."""
+        self._created.pop(token, None)
 
     async def attach(self, local_id: str) -> Any:
         try:
@@ -248,6 +266,7 @@ class NodeAgent:
     async def exec_start(
         self,
         local_id: str,
+        run_id: str,
         argv: tuple[str, ...],
         cwd: str,
         env: dict[str, str],
@@ -256,11 +275,12 @@ class NodeAgent:
     ) -> Any:
         """Start a command; answer with its id and its first poll (a short command's
         whole outcome, in one round trip)."""
+        if run_id in self._killed:  # the driver gave up before this call arrived
+            return "ok", ([], None, ("died", {"id": local_id, "reason": "cancelled"}))
         try:
             handle = await self._handle(local_id)
         except SandboxError as exc:
             return "error", error_to_wire(exc)
-        run_id = uuid.uuid4().hex
         run = self._runs[run_id] = _Run()
 
         async def command() -> None:
@@ -278,7 +298,7 @@ class NodeAgent:
 
         run.task = asyncio.get_running_loop().create_task(command())
         run.task.add_done_callback(lambda _: None)
-        return "ok", (run_id, await self.exec_poll(run_id))
+        return "ok", await self.exec_poll(run_id)
 
     async def exec_poll(self, run_id: str) -> Any:
         """Output so far and, once the command ended, how: ``(chunks, status, error)``.
@@ -304,6 +324,7 @@ class NodeAgent:
         """Kill the command's process tree (the local backend's cancellation) and wait."""
         run = self._runs.pop(run_id, None)
         if run is None or run.task is None:
+            self._killed[run_id] = time.monotonic()  # the start may still be on its way
             return
         run.task.cancel()
         try:
@@ -316,6 +337,10 @@ class NodeAgent:
     async def reap_orphans(self) -> int:
         """Kill commands nobody polled for ``ORPHAN_AFTER`` seconds."""
         now = time.monotonic()
+        for table in (self._killed, self._abandoned):
+            for key, when in list(table.items()):
+                if now - when > ORPHAN_AFTER:
+                    del table[key]
         stale = [rid for rid, run in self._runs.items() if now - run.polled > ORPHAN_AFTER]
         for rid in stale:
             await self.exec_kill(rid)
