@@ -9,6 +9,7 @@ end of the session, also when a test fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -24,7 +25,7 @@ from typing import Any
 import anyio
 import pytest
 
-from asyncsandbox import Session, SandboxDied
+from asyncsandbox import SandboxDied, Session
 from asyncsandbox.testing import CHECKS, Check
 
 IP = "127.0.0.2"
@@ -58,8 +59,12 @@ class Cluster:
         args.append(f"--resources={resources}")
         if head:
             port = self.address.rsplit(":", 1)[1]
-            args += ["--head", f"--port={port}", "--include-dashboard=false",
-                     f"--temp-dir={self.temp_dir}"]
+            args += [
+                "--head",
+                f"--port={port}",
+                "--include-dashboard=false",
+                f"--temp-dir={self.temp_dir}",
+            ]
         else:
             args.append(f"--address={self.address}")
         path = self.temp_dir.parent / f"{self.temp_dir.name}-{name}.log"
@@ -80,24 +85,18 @@ class Cluster:
         workers, such as the agent actor, run in sessions of their own)."""
         process = self.groups.pop(name)
         below = _descendants(process.pid)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            pass
         if sig != signal.SIGKILL:
             try:
                 process.wait(10)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         for pid in below:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         process.wait(10)
 
     def stop(self) -> None:
@@ -158,9 +157,10 @@ def ray_cluster() -> Iterator[Cluster]:
 
 
 def _node_of(resource: str) -> str:
-    import ray
 
-    (node,) = [n["NodeID"] for n in ray.nodes() if n["Alive"] and resource in n["Resources"]]
+    from asyncsandbox_ray._backend import _alive_nodes
+
+    (node,) = [n["NodeID"] for n in _alive_nodes() if resource in n["Resources"]]
     return str(node)
 
 
@@ -178,12 +178,11 @@ async def _where(sandbox: Any) -> dict[str, Any]:
 async def test_placement_by_custom_resource(ray_cluster: Cluster) -> None:
     for resource in ("asb_w1", "asb_w2", "asb_head"):
         options = ray_cluster.options(resources={resource: 1})
-        async with Session("ray", backend_options=options) as session:
-            async with session.sandbox() as sb:
-                where = await _where(sb)
-                assert where["node_id"] == _node_of(resource)
-                result = await sb.exec(["sh", "-c", "echo $$"])
-                assert result.ok
+        async with Session("ray", backend_options=options) as session, session.sandbox() as sb:
+            where = await _where(sb)
+            assert where["node_id"] == _node_of(resource)
+            result = await sb.exec(["sh", "-c", "echo $$"])
+            assert result.ok
 
 
 async def test_spreads_over_nodes(ray_cluster: Cluster) -> None:
@@ -199,9 +198,9 @@ async def test_spreads_over_nodes(ray_cluster: Cluster) -> None:
 
 async def test_trio_driver(ray_cluster: Cluster) -> None:
     async def main() -> bytes:
-        async with Session("ray", backend_options=ray_cluster.options()) as session:
-            async with session.sandbox() as sb:
-                return (await sb.exec(["echo", "from trio"])).stdout
+        options = ray_cluster.options()
+        async with Session("ray", backend_options=options) as session, session.sandbox() as sb:
+            return (await sb.exec(["echo", "from trio"])).stdout
 
     assert await anyio.to_thread.run_sync(lambda: anyio.run(main, backend="trio")) == (
         b"from trio\n"
@@ -250,14 +249,15 @@ async def test_node_killed_mid_exec(ray_cluster: Cluster) -> None:
             await anyio.sleep(1.0)
             await anyio.to_thread.run_sync(ray_cluster.kill_node, "victim")
         elapsed = time.monotonic() - started
-        assert outcome and isinstance(outcome[0], SandboxDied)
+        assert outcome
+        assert isinstance(outcome[0], SandboxDied)
         assert elapsed < 45, elapsed
         assert (await survivor.exec(["echo", "alive"])).stdout == b"alive\n"
 
 
 # -- load ---------------------------------------------------------------------------------
 
-ROLLOUTS = int(os.environ.get("ASYNCSANDBOX_RAY_ROLLOUTS", "300"))
+ROLLOUTS = int(os.environ.get("ASYNCSANDBOX_RAY_ROLLOUTS", "1000"))
 
 
 async def test_many_rollouts_leave_nothing(ray_cluster: Cluster) -> None:
@@ -278,12 +278,9 @@ async def test_many_rollouts_leave_nothing(ray_cluster: Cluster) -> None:
                 tg.start_soon(rollout, i)
         assert await session.list(tags=[tag]) == []
     import ray
+    from asyncsandbox_ray._backend import NAMESPACE, _alive_nodes, _result
 
-    from asyncsandbox_ray._backend import NAMESPACE, _result
-
-    for node in ray.nodes():
-        if not node["Alive"]:
-            continue
+    for node in _alive_nodes():
         actor = ray.get_actor(f"asyncsandbox-{node['NodeID'][:16]}-process", namespace=NAMESPACE)
         where = await _result(actor.where.remote(), 30)
         assert where["runs"] == 0, where

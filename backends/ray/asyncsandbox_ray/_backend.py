@@ -18,7 +18,7 @@ import concurrent.futures
 import re
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any, Self
 
 import anyio
@@ -125,22 +125,25 @@ class _Nodes:
         return f"asyncsandbox-{node_key}-{self.kind}"
 
     def get_or_create(self, node_id: str) -> Any:
-        import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         key = node_id[:16]
         actor = self.actors.get(key)
         if actor is None:
-            actor = _agent_class().options(  # type: ignore[attr-defined]
-                name=self.name(key),
-                namespace=NAMESPACE,
-                get_if_exists=True,
-                lifetime="detached",
-                num_cpus=0,
-                max_restarts=0,
-                max_concurrency=10_000,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote(self.kind, self.options, self.lease_ttl)
+            actor = (
+                _agent_class()
+                .options(
+                    name=self.name(key),
+                    namespace=NAMESPACE,
+                    get_if_exists=True,
+                    lifetime="detached",
+                    num_cpus=0,
+                    max_restarts=0,
+                    max_concurrency=10_000,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                )
+                .remote(self.kind, self.options, self.lease_ttl)
+            )
             self.actors[key] = actor
         return actor
 
@@ -161,7 +164,7 @@ _AGENT: Any = None
 
 
 def _agent_class() -> Any:
-    global _AGENT  # noqa: PLW0603 - one Ray actor class per process
+    global _AGENT
     if _AGENT is None:
         import ray
 
@@ -172,7 +175,8 @@ def _agent_class() -> Any:
 def _alive_nodes() -> list[dict[str, Any]]:
     import ray
 
-    return [n for n in ray.nodes() if n.get("Alive")]
+    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    return [n for n in nodes if n.get("Alive")]
 
 
 class RayBackend(Backend):
@@ -260,7 +264,7 @@ class RayBackend(Backend):
             actor = self._nodes.actors[key]
             try:
                 await _result(actor.renew.remote(self._owner), CALL_GRACE)
-            except Exception as exc:  # a dead node: its sandboxes report it themselves
+            except Exception as exc:  # noqa: BLE001 - a dead node: its sandboxes report it themselves
                 log.debug("ray.lease.renew_failed", node=key, error=repr(exc))
 
     async def aclose(self) -> None:
@@ -288,7 +292,7 @@ class RayBackend(Backend):
                 f" (max_per_node={self._max_per_node})",
                 retryable=True,
             )
-        return min(candidates, key=lambda n: self._placed.get(n, 0))
+        return str(min(candidates, key=lambda n: self._placed.get(n, 0)))
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         node_id = await anyio.to_thread.run_sync(self._choose, spec)
@@ -308,7 +312,7 @@ class RayBackend(Backend):
             with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeouts.cleanup):
                 try:
                     await _result(actor.abandon.remote(token), None)
-                except Exception as exc:  # the node is gone; so is the sandbox
+                except Exception as exc:  # noqa: BLE001 - the node is gone; so is the sandbox
                     log.debug("ray.create.abandon_failed", node=node_id, error=repr(exc))
             raise
         actor.created.remote(token)  # fire and forget: only frees the token
@@ -342,10 +346,10 @@ class RayBackend(Backend):
                     )
             except BackendUnavailable:
                 continue  # a node dying now: its sandboxes are gone with it
-            for info in infos:
-                out.append(
-                    msgspec.structs.replace(info, id=f"r-{key}-{info.id}", backend=self.name)
-                )
+            out.extend(
+                msgspec.structs.replace(info, id=f"r-{key}-{info.id}", backend=self.name)
+                for info in infos
+            )
         return out
 
 
@@ -389,7 +393,13 @@ class RaySandbox(SandboxHandle):
         error: Any = None
         try:
             chunks, status, error = await self._call(
-                "exec_start", run_id, argv, cwd, dict(env), stdin, timeout,
+                "exec_start",
+                run_id,
+                argv,
+                cwd,
+                dict(env),
+                stdin,
+                timeout,
                 wait=POLL_WAIT + CALL_GRACE,
             )
             while True:
@@ -407,12 +417,13 @@ class RaySandbox(SandboxHandle):
             if status is None and error is None:
                 # Shielded and bounded: the command's tree must be killed on its node
                 # before the cancellation (or error) goes on.
-                with anyio.CancelScope(shield=True), anyio.move_on_after(
-                    self._backend.timeouts.cleanup
+                with (
+                    anyio.CancelScope(shield=True),
+                    anyio.move_on_after(self._backend.timeouts.cleanup),
                 ):
                     try:
                         await _result(self._actor.exec_kill.remote(run_id), None)
-                    except Exception as exc:  # the node is gone: so is the command
+                    except Exception as exc:  # noqa: BLE001 - the node is gone: so is the command
                         log.debug("ray.exec.kill_failed", sandbox=self._id, error=repr(exc))
             raise
 
@@ -453,10 +464,8 @@ class RaySandbox(SandboxHandle):
     async def remove(self) -> None:
         if self._removed:
             return
-        try:
+        with suppress(SandboxDied):  # its node is gone, and the sandbox with it
             await self._call("remove", wait=self._backend.timeouts.cleanup)
-        except SandboxDied:
-            pass  # its node is gone, and the sandbox with it
         self._removed = True
         placed = self._backend._placed
         placed[self._node_id] = max(0, placed.get(self._node_id, 0) - 1)

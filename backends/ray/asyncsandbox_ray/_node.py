@@ -45,6 +45,17 @@ ORPHAN_AFTER = 30.0
 SWEEP_EVERY = 1.0
 
 
+def _node_root(node: str) -> Path:
+    """Where a node's process sandboxes live: one root per node, so that nodes sharing a
+    machine (tests) never list each other's sandboxes. Traversable by the sandbox user."""
+    if os.geteuid() == 0:
+        base = Path("/var/lib/asyncsandbox")
+    else:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        base = Path(cache, "asyncsandbox")
+    return base / f"ray-{node[:16]}"
+
+
 class _Run:
     """One command on this node: its task, its buffered output, how it ended."""
 
@@ -58,6 +69,10 @@ class _Run:
         self.drained.set()
         self.task: asyncio.Task[None] | None = None
         self.polled = time.monotonic()
+
+    @property
+    def ended(self) -> bool:
+        return self.status is not None or self.error is not None
 
     async def output(self, stream: str, data: bytes) -> None:
         while self.size >= BUFFER_BYTES:  # backpressure: the command waits for the driver
@@ -89,7 +104,9 @@ class NodeAgent:
         self._leases: dict[str, float] = {}
         self._killed: dict[str, float] = {}
         self._abandoned: dict[str, float] = {}  # create tokens the driver gave up on
-        self._created: dict[str, str] = {}  # create token -> sandbox, until acknowledged  # run ids killed before they started
+        self._created: dict[
+            str, str
+        ] = {}  # create token -> sandbox, until acknowledged  # run ids killed before they started
         self._started = time.time()
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -101,11 +118,7 @@ class NodeAgent:
                 node = ray.get_runtime_context().get_node_id()
                 options = dict(self._options)
                 if self._kind == "process" and "root" not in options:
-                    base = Path("/var/lib/asyncsandbox") if os.geteuid() == 0 else Path(
-                        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                        "asyncsandbox",
-                    )
-                    options["root"] = str(base / f"ray-{node[:16]}")
+                    options["root"] = str(_node_root(node))
                 backend = create_backend(self._kind, options)
                 await backend.__aenter__()
                 self._backend = backend
@@ -147,7 +160,7 @@ class NodeAgent:
             try:
                 await self.reap_orphans()
                 await self.sweep()
-            except Exception:  # noqa: S110 - the sweeper must outlive one failed round
+            except Exception:  # noqa: BLE001, S110 - the sweeper must outlive one failed round
                 pass
 
     async def sweep(self) -> list[str]:
@@ -307,18 +320,21 @@ class NodeAgent:
         if run is None:
             return [], None, ("died", {"id": "?", "reason": "the command is unknown on the node"})
         run.polled = time.monotonic()
-        if not run.chunks and run.status is None and run.error is None:
+        if not run.chunks and not run.ended:
             with anyio.move_on_after(POLL_WAIT):
                 await run.changed.wait()
-            if run.status is None and run.error is None:
+            if not run.ended:
                 await asyncio.sleep(LINGER)  # gather a little more output per round trip
         chunks = run.take()
         if run.status is None and run.error is None:
             return chunks, None, None
         del self._runs[run_id]
         status = run.status
-        return chunks, None if status is None else (status.returncode, status.signal,
-                                                    status.oom_killed), run.error
+        return (
+            chunks,
+            None if status is None else (status.returncode, status.signal, status.oom_killed),
+            run.error,
+        )
 
     async def exec_kill(self, run_id: str) -> None:
         """Kill the command's process tree (the local backend's cancellation) and wait."""
@@ -331,7 +347,7 @@ class NodeAgent:
             await run.task
         except asyncio.CancelledError:
             pass
-        except Exception:  # noqa: S110 - it ended some other way: it is gone all the same
+        except Exception:  # noqa: BLE001, S110 - it ended some other way: it is gone all the same
             pass
 
     async def reap_orphans(self) -> int:
