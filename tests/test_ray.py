@@ -284,3 +284,38 @@ async def test_many_rollouts_leave_nothing(ray_cluster: Cluster) -> None:
         actor = ray.get_actor(f"asyncsandbox-{node['NodeID'][:16]}-process", namespace=NAMESPACE)
         where = await _result(actor.where.remote(), 30)
         assert where["runs"] == 0, where
+
+
+OWNER = """
+import sys, anyio
+from asyncsandbox import Session
+
+async def main() -> None:
+    options = {"address": sys.argv[1], "init_options": {"_node_ip_address": "127.0.0.2"},
+               "lease_ttl": 3.0}
+    async with Session("ray", backend_options=options) as session:
+        sandbox = await session.sandbox(tags=[sys.argv[2]]).start()
+        print(sandbox.id, flush=True)
+        await anyio.sleep(600)
+
+anyio.run(main)
+"""
+
+
+async def test_crashed_owner_is_swept(ray_cluster: Cluster) -> None:
+    """An owner killed with SIGKILL stops renewing its lease; the node's actor removes
+    its sandbox soon after the lease ends (the Session's own same-host sweep is off here,
+    as it would be for an owner on another machine)."""
+    tag = f"orphan-{uuid.uuid4().hex[:8]}"
+    args = [sys.executable, "-c", OWNER, ray_cluster.address, tag]
+    async with await anyio.open_process(args, stderr=subprocess.DEVNULL) as owner:
+        assert owner.stdout is not None
+        line = await owner.stdout.receive()
+        assert line.startswith(b"r-"), line
+        owner.kill()
+    options = ray_cluster.options()
+    async with Session("ray", backend_options=options, sweep=False) as session:
+        assert len(await session.list(tags=[tag])) == 1
+        with anyio.fail_after(30):
+            while await session.list(tags=[tag]):  # noqa: ASYNC110 - polling the cluster
+                await anyio.sleep(0.5)

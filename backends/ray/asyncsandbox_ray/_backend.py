@@ -263,7 +263,7 @@ class RayBackend(Backend):
         for key in list(self._nodes.actors):
             actor = self._nodes.actors[key]
             try:
-                await _result(actor.renew.remote(self._owner), CALL_GRACE)
+                await _result(actor.renew.remote(self._owner, self._nodes.lease_ttl), CALL_GRACE)
             except Exception as exc:  # noqa: BLE001 - a dead node: its sandboxes report it themselves
                 log.debug("ray.lease.renew_failed", node=key, error=repr(exc))
 
@@ -303,7 +303,7 @@ class RayBackend(Backend):
         token = uuid.uuid4().hex
         try:
             with _ray_errors(None, "create"):
-                await _result(actor.renew.remote(self._owner), None)
+                await _result(actor.renew.remote(self._owner, self._nodes.lease_ttl), None)
                 local_id = _unwrap(await _result(actor.create.remote(token, wire), None), None)
         except BaseException:
             self._placed[node_id] -= 1

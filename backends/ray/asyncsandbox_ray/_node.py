@@ -147,8 +147,9 @@ class NodeAgent:
 
     # -- leases and the sweeper ---------------------------------------------------------
 
-    async def renew(self, owner: str) -> None:
-        self._leases[owner] = time.time() + self._lease_ttl
+    async def renew(self, owner: str, ttl: float) -> None:
+        """The owner is alive; its sandboxes are kept for ``ttl`` more seconds."""
+        self._leases[owner] = time.time() + ttl
 
     async def release(self, owner: str) -> None:
         """The owner closed: its lease ends now (its sandboxes were removed by it)."""
