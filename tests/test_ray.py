@@ -54,6 +54,17 @@ class Cluster:
     groups: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def start_node(self, name: str, resources: str, *, head: bool = False) -> None:
+        """Start node ``name`` and wait until it runs. Retried: two raylets starting on one
+        machine can pick the same free port, and the loser exits ("Address already in
+        use")."""
+        for attempt in range(3):
+            if self._try_start(name, resources, head=head):
+                return
+            log = self.temp_dir.parent / f"{self.temp_dir.name}-{name}.log"
+            if attempt == 2:
+                raise RuntimeError(f"ray node {name} did not start: {log.read_text()[-2000:]}")
+
+    def _try_start(self, name: str, resources: str, *, head: bool) -> bool:
         ray = str(Path(sys.executable).with_name("ray"))
         args = [ray, "start", "--block", f"--node-ip-address={IP}", *NODE_ARGS]
         args.append(f"--resources={resources}")
@@ -77,8 +88,10 @@ class Cluster:
         deadline = time.monotonic() + START_DEADLINE
         while b"Ray runtime started" not in path.read_bytes():
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"ray node {name} did not start: {path.read_text()[-2000:]}")
+                self.kill_node(name)
+                return False
             time.sleep(0.2)
+        return True
 
     def kill_node(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Kill node ``name``: its ``ray start`` group, and every process below it (Ray's
