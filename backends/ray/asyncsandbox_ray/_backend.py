@@ -16,6 +16,7 @@ import asyncio
 import builtins
 import concurrent.futures
 import re
+import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
@@ -52,6 +53,7 @@ from ._wire import error_from_wire
 __all__ = ("RayAttributes", "RayBackend")
 
 NAMESPACE = "asyncsandbox"
+NODE_TABLE_TTL = 2.0
 CALL_GRACE = 15.0
 """How long past its own wait a call to a node may take before the node counts as dead."""
 _ID = re.compile(r"r-([0-9a-f]{16})-(.+)")
@@ -219,6 +221,8 @@ class RayBackend(Backend):
         self._max_per_node = max_per_node
         self._nodes = _Nodes(node_backend, dict(node_backend_options or {}), lease_ttl)
         self._owner = uuid.uuid4().hex
+        self._table: list[dict[str, Any]] = []
+        self._table_read = -float("inf")
         self._placed: dict[str, int] = {}  # node id -> live sandboxes of this backend
         self._task_group: anyio.abc.TaskGroup | None = None
 
@@ -275,12 +279,22 @@ class RayBackend(Backend):
 
     # -- placement -----------------------------------------------------------------------
 
+    def _node_table(self) -> builtins.list[dict[str, Any]]:
+        """Live nodes, read from Ray's control plane at most every ``NODE_TABLE_TTL``
+        seconds (not once per sandbox); a node that died since fails its create with
+        ``BackendUnavailable`` (retryable), and the runtime's retry places it anew."""
+        now = time.monotonic()
+        if now - self._table_read > NODE_TABLE_TTL:
+            self._table = _alive_nodes()
+            self._table_read = now
+        return self._table
+
     def _choose(self, spec: SandboxSpec) -> str:
         need = dict(self._resources)
         if spec.resources.cpus:
             need["CPU"] = min(spec.resources.cpus, need.get("CPU", 0.0)) or 0.0
         candidates = []
-        for node in _alive_nodes():
+        for node in self._node_table():
             have = node.get("Resources", {})
             if all(have.get(k, 0.0) >= v for k, v in self._resources.items()):
                 node_id = node["NodeID"]
@@ -305,8 +319,11 @@ class RayBackend(Backend):
             with _ray_errors(None, "create"):
                 await _result(actor.renew.remote(self._owner, self._nodes.lease_ttl), None)
                 local_id = _unwrap(await _result(actor.create.remote(token, wire), None), None)
-        except BaseException:
+        except BaseException as exc:
             self._placed[node_id] -= 1
+            if isinstance(exc, BackendUnavailable):  # the node may be gone: look again
+                self._table_read = -float("inf")
+                self._nodes.actors.pop(node_id[:16], None)
             # Shielded and bounded: a cancelled create leaves nothing behind, so the node
             # is told to remove what it makes (or made) for this token.
             with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeouts.cleanup):
