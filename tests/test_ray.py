@@ -3,12 +3,13 @@ worker nodes on this machine (``ray start``), each with a custom resource of its
 on a loopback address (127.0.0.2: Ray turns 127.0.0.1 into the machine's own address).
 
 Without Ray installed the tests skip, unless ``ASYNCSANDBOX_REQUIRE_RAY=1`` (then they
-fail). Every process of the cluster is in a process group of its own and is killed at the
-end of the session, also when a test fails.
+fail). Every process of the cluster is in a process group of its own and is killed when
+this module's tests are done, also when one fails.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -145,7 +146,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # stopped when this file is done, not at the run's end
 def ray_cluster() -> Iterator[Cluster]:
     missing = _ray_missing()
     if missing:
@@ -157,6 +158,7 @@ def ray_cluster() -> Iterator[Cluster]:
     temp = Path("/tmp", f"asb-ray-{uuid.uuid4().hex[:8]}")
     temp.mkdir()
     cluster = Cluster(f"{IP}:{_free_port()}", temp)
+    atexit.register(cluster.stop)  # also if pytest itself is interrupted
     try:
         cluster.start_node("head", '{"asb_head": 1}', head=True)
         cluster.start_node("w1", '{"asb_w1": 1}')
@@ -167,6 +169,7 @@ def ray_cluster() -> Iterator[Cluster]:
         if ray.is_initialized():
             ray.shutdown()
         cluster.stop()
+        atexit.unregister(cluster.stop)
 
 
 def _node_of(resource: str) -> str:
