@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -140,6 +141,26 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
+async def _wipe_node(node_id: str) -> int:
+    """What losing a node's machine would take with it: the sandboxes left in the node's
+    root (with their cgroups), removed through the process backend. Returns how many."""
+    import shutil
+
+    from asyncsandbox_ray._node import _node_root
+
+    from asyncsandbox import create_backend
+
+    root = _node_root(node_id)
+    if not root.exists():
+        return 0
+    async with create_backend("process", {"root": str(root)}) as backend:
+        infos = await backend.list(labels={})
+        for info in infos:
+            await (await backend.attach(info.id)).remove()
+    shutil.rmtree(root, ignore_errors=True)
+    return len(infos)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind((IP, 0))
@@ -159,6 +180,7 @@ def ray_cluster() -> Iterator[Cluster]:
     temp.mkdir()
     cluster = Cluster(f"{IP}:{_free_port()}", temp)
     atexit.register(cluster.stop)  # also if pytest itself is interrupted
+    left: list[int] = []
     try:
         cluster.start_node("head", '{"asb_head": 1}', head=True)
         cluster.start_node("w1", '{"asb_w1": 1}')
@@ -166,10 +188,17 @@ def ray_cluster() -> Iterator[Cluster]:
         ray.init(address=cluster.address, _node_ip_address=IP, log_to_driver=False)
         yield cluster
     finally:
+        nodes: list[str] = []
         if ray.is_initialized():
+            nodes = [n["NodeID"] for n in ray.nodes()]  # type: ignore[no-untyped-call]
             ray.shutdown()
         cluster.stop()
+        left = [anyio.run(_wipe_node, node) for node in nodes]  # directories go too
+        shutil.rmtree(temp, ignore_errors=True)
+        for log in temp.parent.glob(f"{temp.name}-*.log"):
+            log.unlink()
         atexit.unregister(cluster.stop)
+    assert sum(left) == 0, f"sandboxes left on the nodes after the tests: {left}"
 
 
 def _node_of(resource: str) -> str:
@@ -269,6 +298,11 @@ async def test_node_killed_mid_exec(ray_cluster: Cluster) -> None:
         assert isinstance(outcome[0], SandboxDied)
         assert elapsed < 45, elapsed
         assert (await survivor.exec(["echo", "alive"])).stdout == b"alive\n"
+        # The node's machine is still here (it is this one; the test killed every process
+        # of the node): the sandbox's directory goes, as it would with the machine.
+        from asyncsandbox_ray import RayAttributes
+
+        assert await _wipe_node(doomed.extra(RayAttributes.node_id)) == 1
 
 
 # -- load ---------------------------------------------------------------------------------
