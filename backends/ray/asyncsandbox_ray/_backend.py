@@ -290,9 +290,8 @@ class RayBackend(Backend):
         return self._table
 
     def _choose(self, spec: SandboxSpec) -> str:
-        need = dict(self._resources)
-        if spec.resources.cpus:
-            need["CPU"] = min(spec.resources.cpus, need.get("CPU", 0.0)) or 0.0
+        # Placement uses the node's custom resources and this backend's count per node;
+        # the sandbox's cpus/memory are enforced by the node's backend, not placed by.
         candidates = []
         for node in self._node_table():
             have = node.get("Resources", {})
