@@ -19,6 +19,7 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "fake": ("asyncsandbox.testing:FakeBackend", "asyncsandbox"),
     "docker": ("asyncsandbox_docker:DockerBackend", "asyncsandbox[docker]"),
     "remote": ("asyncsandbox_remote:RemoteBackend", "asyncsandbox[remote]"),
+    "ray": ("asyncsandbox_ray:RayBackend", "asyncsandbox[ray]"),
 }
 
 ENTRY_POINT_GROUP = "asyncsandbox.backends"

@@ -1,0 +1,374 @@
+"""The per-node half: :class:`NodeAgent`, one async Ray actor per node, driving a local
+asyncsandbox backend (``process`` by default) on that node.
+
+It is a *named, detached* actor (``asyncsandbox-<node>-<kind>`` in the namespace
+``asyncsandbox``), made on first use by whichever driver or task places a sandbox there
+(``get_if_exists``, so concurrent owners share one). Detached because it is a node
+service: many owners (drivers, Ray tasks of many jobs) share it, and it must outlive an
+owner that crashes, to remove that owner's sandboxes (an owned actor dies with its owner
+and leaves the sandboxes with nobody to sweep them). ``max_restarts=0``: a restarted
+actor pinned to a dead node would hold calls pending forever; a dead one fails them at
+once, which the driver reports as :class:`~asyncsandbox.SandboxDied`.
+
+Owners hold leases: every owner renews its lease on the nodes it uses; sandboxes whose
+owner's lease ran out are removed by the actor's sweeper (``asyncsandbox gc`` for a
+cluster). A command runs as a task of the actor and its output waits in a bounded buffer
+until the driver polls it (long polls, at most ``POLL_WAIT`` seconds each); a command
+nobody polled for ``ORPHAN_AFTER`` seconds is killed (its driver is gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from asyncsandbox import Resources, SandboxError, create_backend
+from asyncsandbox.abc import Backend, ExitStatus, SandboxHandle, SandboxSpec
+
+from ._wire import WireError, error_to_wire
+
+OWNER_LABEL = "asyncsandbox.ray.owner"
+POLL_WAIT = 2.0
+"""Longest a poll waits for output before answering empty (so a dead node is noticed)."""
+LINGER = 0.005
+"""After the first output arrives, how long a poll waits for more before answering."""
+BUFFER_BYTES = 4 * 1024 * 1024
+"""Output a command may have waiting for its driver before it is paused (backpressure)."""
+ORPHAN_AFTER = 30.0
+SWEEP_EVERY = 1.0
+
+
+def _node_root(node: str) -> Path:
+    """Where a node's process sandboxes live: one root per node, so that nodes sharing a
+    machine (tests) never list each other's sandboxes. Traversable by the sandbox user."""
+    if os.geteuid() == 0:
+        base = Path("/var/lib/asyncsandbox")
+    else:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        base = Path(cache, "asyncsandbox")
+    return base / f"ray-{node[:16]}"
+
+
+class _Run:
+    """One command on this node: its task, its buffered output, how it ended."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[str, bytes]] = []
+        self.size = 0
+        self.status: ExitStatus | None = None
+        self.error: WireError | None = None
+        self.changed = asyncio.Event()
+        self.drained = asyncio.Event()
+        self.drained.set()
+        self.task: asyncio.Task[None] | None = None
+        self.polled = time.monotonic()
+
+    @property
+    def ended(self) -> bool:
+        return self.status is not None or self.error is not None
+
+    async def output(self, stream: str, data: bytes) -> None:
+        while self.size >= BUFFER_BYTES:  # backpressure: the command waits for the driver
+            self.drained.clear()
+            await self.drained.wait()
+        self.chunks.append((stream, data))
+        self.size += len(data)
+        self.changed.set()
+
+    def take(self) -> list[tuple[str, bytes]]:
+        chunks, self.chunks, self.size = self.chunks, [], 0
+        self.changed.clear()
+        self.drained.set()
+        return chunks
+
+
+class NodeAgent:
+    """The Ray actor class (decorated in :mod:`._backend`). Methods return plain values;
+    errors come back as ``("error", WireError)`` instead of raising."""
+
+    def __init__(self, kind: str, options: dict[str, Any], lease_ttl: float) -> None:
+        self._kind = kind
+        self._options = dict(options)
+        self._lease_ttl = lease_ttl
+        self._backend: Backend | None = None
+        self._lock = asyncio.Lock()
+        self._handles: dict[str, SandboxHandle] = {}
+        self._runs: dict[str, _Run] = {}
+        self._leases: dict[str, float] = {}
+        self._killed: dict[str, float] = {}
+        self._abandoned: dict[str, float] = {}  # create tokens the driver gave up on
+        self._created: dict[
+            str, str
+        ] = {}  # create token -> sandbox, until acknowledged  # run ids killed before they started
+        self._started = time.time()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def _open(self) -> Backend:
+        async with self._lock:
+            if self._backend is None:
+                import ray
+
+                node = ray.get_runtime_context().get_node_id()
+                options = dict(self._options)
+                if self._kind == "process" and "root" not in options:
+                    options["root"] = str(_node_root(node))
+                backend = create_backend(self._kind, options)
+                await backend.__aenter__()
+                self._backend = backend
+                self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+            return self._backend
+
+    async def _handle(self, local_id: str) -> SandboxHandle:
+        handle = self._handles.get(local_id)
+        if handle is None:
+            backend = await self._open()
+            handle = self._handles[local_id] = await backend.attach(local_id)
+        return handle
+
+    # -- facts about the node (placement checks, tests) ---------------------------------
+
+    async def where(self) -> dict[str, Any]:
+        import ray
+
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "sandboxes": len(self._handles),
+            "runs": len(self._runs),
+        }
+
+    # -- leases and the sweeper ---------------------------------------------------------
+
+    async def renew(self, owner: str, ttl: float) -> None:
+        """The owner is alive; its sandboxes are kept for ``ttl`` more seconds."""
+        self._leases[owner] = time.time() + ttl
+
+    async def release(self, owner: str) -> None:
+        """The owner closed: its lease ends now (its sandboxes were removed by it)."""
+        self._leases[owner] = 0.0
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_EVERY)
+            try:
+                await self.reap_orphans()
+                await self.sweep()
+            except Exception:  # noqa: BLE001, S110 - the sweeper must outlive one failed round
+                pass
+
+    async def sweep(self) -> list[str]:
+        """Remove sandboxes whose owner's lease ran out (owners this actor never heard
+        of get one lease period from the actor's start: they may be renewing)."""
+        backend = await self._open()
+        now = time.time()
+        removed = []
+        for info in await backend.list(labels={}):
+            owner = info.labels.get(OWNER_LABEL)
+            if owner is None:
+                continue
+            if self._leases.get(owner, self._started + self._lease_ttl) < now:
+                await self._remove(info.id)
+                removed.append(info.id)
+        return removed
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def create(self, token: str, spec: dict[str, Any]) -> Any:
+        """Create a sandbox; ``token`` (the driver's) lets :meth:`abandon` undo it."""
+        try:
+            backend = await self._open()
+            spec = dict(spec)
+            spec["resources"] = Resources(**spec["resources"])
+            handle = await backend.create(SandboxSpec(**spec))
+        except SandboxError as exc:
+            return "error", error_to_wire(exc)
+        self._handles[handle.id] = handle
+        if token in self._abandoned:  # the driver gave up while we were creating
+            await self._remove(handle.id)
+            return "error", ("died", {"id": handle.id, "reason": "create abandoned"})
+        self._created[token] = handle.id
+        return "ok", handle.id
+
+    async def abandon(self, token: str) -> None:
+        """The driver cancelled the create ``token``: remove what it made, now or later."""
+        self._abandoned[token] = time.monotonic()
+        local_id = self._created.pop(token, None)
+        if local_id is not None:
+            await self._remove(local_id)
+
+    async def created(self, token: str) -> None:
+        """The driver has the sandbox of create ``token``: forget the token."""
+        self._created.pop(token, None)
+
+    async def attach(self, local_id: str) -> Any:
+        try:
+            await self._handle(local_id)
+        except SandboxError as exc:
+            return "error", error_to_wire(exc)
+        return "ok", None
+
+    async def list(self, labels: dict[str, str]) -> Any:
+        try:
+            backend = await self._open()
+            infos = await backend.list(labels=labels)
+        except SandboxError as exc:
+            return "error", error_to_wire(exc)
+        return "ok", infos
+
+    async def inspect(self, local_id: str) -> Any:
+        return await self._call(local_id, "inspect")
+
+    async def remove(self, local_id: str) -> Any:
+        try:
+            await self._remove(local_id)
+        except SandboxError as exc:
+            return "error", error_to_wire(exc)
+        return "ok", None
+
+    async def _remove(self, local_id: str) -> None:
+        handle = self._handles.pop(local_id, None)
+        if handle is None:
+            backend = await self._open()
+            try:
+                handle = await backend.attach(local_id)
+            except SandboxError:
+                return  # gone already: removing is idempotent
+        await handle.remove()
+
+    # -- files ---------------------------------------------------------------------------
+
+    async def _call(self, local_id: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            handle = await self._handle(local_id)
+            return "ok", await getattr(handle, method)(*args, **kwargs)
+        except SandboxError as exc:
+            return "error", error_to_wire(exc)
+
+    async def read_file(self, local_id: str, path: str, max_bytes: int) -> Any:
+        return await self._call(local_id, "read_file", path, max_bytes=max_bytes)
+
+    async def write_file(self, local_id: str, path: str, data: bytes, mode: int) -> Any:
+        return await self._call(local_id, "write_file", path, data, mode=mode)
+
+    async def put_archive(self, local_id: str, path: str, data: bytes) -> Any:
+        async def chunks() -> Any:
+            yield data
+
+        return await self._call(local_id, "put_archive", path, chunks())
+
+    async def get_archive(self, local_id: str, path: str) -> Any:
+        try:
+            handle = await self._handle(local_id)
+            out = bytearray()
+            async with handle.get_archive(path) as stream:
+                async for chunk in stream:
+                    out += chunk
+        except SandboxError as exc:
+            return "error", error_to_wire(exc)
+        return "ok", bytes(out)
+
+    # -- commands ------------------------------------------------------------------------
+
+    async def exec_start(
+        self,
+        local_id: str,
+        run_id: str,
+        argv: tuple[str, ...],
+        cwd: str,
+        env: dict[str, str],
+        stdin: bytes | None,
+        timeout: float | None,
+    ) -> Any:
+        """Start a command; answer with its id and its first poll (a short command's
+        whole outcome, in one round trip)."""
+        if run_id in self._killed:  # the driver gave up before this call arrived
+            return "ok", ([], None, ("died", {"id": local_id, "reason": "cancelled"}))
+        try:
+            handle = await self._handle(local_id)
+        except SandboxError as exc:
+            return "error", error_to_wire(exc)
+        run = self._runs[run_id] = _Run()
+
+        async def command() -> None:
+            try:
+                run.status = await handle.exec(
+                    argv, cwd=cwd, env=env, stdin=stdin, on_output=run.output, timeout=timeout
+                )
+            except SandboxError as exc:
+                run.error = error_to_wire(exc)
+            except asyncio.CancelledError:
+                run.error = ("died", {"id": local_id, "reason": "command killed on the node"})
+                raise
+            finally:
+                run.changed.set()
+
+        run.task = asyncio.get_running_loop().create_task(command())
+        run.task.add_done_callback(lambda _: None)
+        return "ok", await self.exec_poll(run_id)
+
+    async def exec_poll(self, run_id: str) -> Any:
+        """Output so far and, once the command ended, how: ``(chunks, status, error)``.
+        Waits up to ``POLL_WAIT`` for something to report."""
+        run = self._runs.get(run_id)
+        if run is None:
+            return [], None, ("died", {"id": "?", "reason": "the command is unknown on the node"})
+        run.polled = time.monotonic()
+        if not run.chunks and not run.ended:
+            with anyio.move_on_after(POLL_WAIT):
+                await run.changed.wait()
+            if not run.ended:
+                await asyncio.sleep(LINGER)  # gather a little more output per round trip
+        chunks = run.take()
+        if run.status is None and run.error is None:
+            return chunks, None, None
+        del self._runs[run_id]
+        status = run.status
+        return (
+            chunks,
+            None if status is None else (status.returncode, status.signal, status.oom_killed),
+            run.error,
+        )
+
+    async def exec_kill(self, run_id: str) -> None:
+        """Kill the command's process tree (the local backend's cancellation) and wait."""
+        run = self._runs.pop(run_id, None)
+        if run is None or run.task is None:
+            self._killed[run_id] = time.monotonic()  # the start may still be on its way
+            return
+        run.task.cancel()
+        try:
+            await run.task
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # noqa: BLE001, S110 - it ended some other way: it is gone all the same
+            pass
+
+    async def reap_orphans(self) -> int:
+        """Kill commands nobody polled for ``ORPHAN_AFTER`` seconds."""
+        now = time.monotonic()
+        for table in (self._killed, self._abandoned):
+            for key, when in list(table.items()):
+                if now - when > ORPHAN_AFTER:
+                    del table[key]
+        stale = [rid for rid, run in self._runs.items() if now - run.polled > ORPHAN_AFTER]
+        for rid in stale:
+            await self.exec_kill(rid)
+        return len(stale)
+
+    async def shutdown(self) -> None:
+        """Stop commands and close the local backend (sandboxes stay; see ``sweep``)."""
+        for rid in list(self._runs):
+            await self.exec_kill(rid)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._backend is not None:
+            await self._backend.aclose()
+            self._backend = None
