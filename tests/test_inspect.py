@@ -198,3 +198,18 @@ def test_inspect_eval_of_a_tool_using_task(tmp_path: Path, eval_backend: str) ->
         assert sample.scores is not None
         assert sample.scores["answer_file"].value == "C", sample.scores
         assert sample.scores["answer_file"].answer == sample.target
+
+
+async def test_inspect_sandbox_cleanup_removes_a_sandbox_by_id(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``inspect sandbox cleanup asyncsandbox ID`` (inspect calls ``cli_cleanup(ID)``)."""
+    async with _sample(AsyncSandboxConfig()) as env:
+        sandbox_id = env.sandbox.id
+        assert sandbox_id is not None
+        await AsyncSandboxEnvironment.cli_cleanup(sandbox_id)
+        assert f"removed {sandbox_id}" in capsys.readouterr().out
+        with pytest.raises(SandboxUnavailableError):
+            await env.exec(["true"])
+        await AsyncSandboxEnvironment.cli_cleanup(sandbox_id)
+        assert f"no sandbox {sandbox_id}" in capsys.readouterr().out

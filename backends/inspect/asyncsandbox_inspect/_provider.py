@@ -160,8 +160,10 @@ class AsyncSandboxEnvironment(SandboxEnvironment):
     async def cli_cleanup(cls, id: str | None) -> None:
         async with Session(_cleanup_backend()) as session:
             if id is not None:
-                gone = await session.delete(ids=[id])
-                print(f"removed {id}" if gone else f"no sandbox {id}")  # noqa: T201 - a command's output
+                known = {info.id for info in await session.list()}
+                if id in known:
+                    await session.delete(ids=[id])
+                print(f"removed {id}" if id in known else f"no sandbox {id}")  # noqa: T201
             else:
                 for info, reason in await session.gc():
                     print(f"removed {info.id}: {reason}")  # noqa: T201 - a command's output
