@@ -8,10 +8,12 @@ run) in the fixture, each with its reason, as self_check's docstring asks.
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from inspect_ai.util._sandbox.limits import override_max_exec_output_size
 from inspect_ai.util._sandbox.self_check import *
 
 from .conftest import docker_test_image, require_docker
+from .test_remote import ALICE, Server, _new_root
 
 # Checks that cannot pass, with the reason: the provider's design, not an accident.
 CANNOT_PASS: dict[str, str] = {
@@ -169,27 +172,43 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(
-    "eval_backend", ["process", pytest.param("docker", marks=pytest.mark.docker)]
+    "eval_backend", ["process", "remote", pytest.param("docker", marks=pytest.mark.docker)]
 )
 def test_inspect_eval_of_a_tool_using_task(tmp_path: Path, eval_backend: str) -> None:
     """``inspect eval examples/inspect_task.py``: the CLI, its scheduler, sample files,
-    the bash tool and a scorer reading the sandbox, on our provider."""
+    the bash tool and a scorer reading the sandbox, on our provider: on the process
+    backend, on Docker, and through ``asyncsandbox serve`` (remote, on the process
+    backend; the client finds it through the environment)."""
     args = ["-T", "scripted=true"]
-    if eval_backend == "docker":
-        require_docker()
-        args += ["-T", "backend=docker", "-T", f"image={docker_test_image()}"]
+    env = dict(os.environ)
+    with ExitStack() as stack:
+        if eval_backend == "docker":
+            require_docker()
+            args += ["-T", "backend=docker", "-T", f"image={docker_test_image()}"]
+        elif eval_backend == "remote":
+            root = _new_root()
+            server = Server(tmp_path / "server", root=root)
+            stack.callback(shutil.rmtree, root, ignore_errors=True)
+            stack.callback(server.stop)
+            env |= {"ASYNCSANDBOX_BASE_URL": server.url, "ASYNCSANDBOX_API_KEY": ALICE}
+            args += ["-T", "backend=remote"]
+        _inspect_eval(tmp_path / "logs", args, env)
+
+
+def _inspect_eval(log_dir: Path, args: list[str], env: dict[str, str]) -> None:
     inspect = str(Path(sys.executable).parent / "inspect")
-    args += ["--display", "none", "--log-dir", str(tmp_path)]
+    args += ["--display", "none", "--log-dir", str(log_dir)]
     done = subprocess.run(
         [inspect, "eval", "examples/inspect_task.py", *args],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    (log_file,) = tmp_path.glob("*.eval")
+    (log_file,) = log_dir.glob("*.eval")
     log = read_eval_log(str(log_file))
     assert log.status == "success", log.error
     assert log.samples is not None
