@@ -4,6 +4,8 @@ that must leave nothing of one episode to the next (real processes and namespace
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -411,3 +413,35 @@ async def test_recycling_under_load_hands_over_no_state(process_root: Path) -> N
     async with session(process_root, warm_pool=pool) as s:
         seen = await episodes_leave_nothing(s, episodes=48, concurrency=12)
     assert len(seen) < 48, "no sandbox was reused"
+
+
+def test_layers_can_be_mounted_from_many_threads_at_once() -> None:
+    """Creates run in worker threads, and each idmapped mount forks a helper that waits for
+    its pipe to close. A helper forked by one thread inherited the pipe ends of helpers
+    forked by the others, so helpers waited on each other forever (a CI run hung here, three
+    sandboxes from one snapshot started at once). Run in a child so a hang is a failure."""
+    if os.geteuid() != 0:
+        pytest.skip("idmapped mounts are made as root only (unprivileged: copies)")
+    program = textwrap.dedent(
+        """
+        import os, sys
+        from concurrent.futures import ThreadPoolExecutor, wait
+        from asyncsandbox._process._overlay import _user_namespace
+
+        pool = ThreadPoolExecutor(8)
+        futures = [pool.submit(_user_namespace, 1000, 200000 + i) for i in range(400)]
+        done, pending = wait(futures, timeout=60)
+        for future in done:
+            os.close(future.result())
+        print(len(done), len(pending), flush=True)
+        os._exit(0 if not pending else 1)
+        """
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", program], capture_output=True, text=True, timeout=90, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the helpers of concurrent idmapped mounts waited on each other (hung)")
+    assert done.returncode == 0, f"{done.stdout} {done.stderr}"
+    assert done.stdout.split() == ["400", "0"]

@@ -57,8 +57,12 @@ def _user_namespace(inside: int, outside: int) -> int:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child only unshares and waits
         try:
-            os.close(ready_r)
-            os.close(done_w)
+            # Only its own two ends: other threads fork helpers too, and a helper holding
+            # another's write end would keep that one waiting (and it this one) forever.
+            low, high = sorted((ready_w, done_r))
+            os.closerange(0, low)
+            os.closerange(low + 1, high)
+            os.closerange(high + 1, os.sysconf("SC_OPEN_MAX"))
             ok = _libc.unshare(CLONE_NEWUSER) == 0
             os.write(ready_w, b"1" if ok else b"0")
             os.read(done_r, 1)
