@@ -621,3 +621,28 @@ async def test_recycling_under_load_hands_over_no_state() -> None:
     async with s:
         seen = await episodes_leave_nothing(s, episodes=64, concurrency=16)
     assert len(seen) < 64, "no container was reused"
+
+
+# The host side's names for the frames and files of the in-container agent, each of which
+# must mean what the agent means by it.
+_AGENT_PROTOCOL = (
+    *("FRAME", "START", "STDIN", "STDIN_EOF", "KILL"),  # host -> executor
+    *("READY", "STDOUT", "STDERR", "EXIT", "FAILED"),  # executor -> host
+)
+
+
+def test_the_executor_client_speaks_the_agents_protocol() -> None:
+    """The frame layout and kinds of ``_executor.py`` (the host) and ``_agent.py`` (the
+    container) agree, as do the Engine API path's shepherd paths and status: each side is
+    imported, nothing restated, so changing one side alone fails here."""
+    from asyncsandbox_docker import _agent, _backend, _executor
+
+    for name in _AGENT_PROTOCOL:
+        host, agent = getattr(_executor, name), getattr(_agent, name)
+        if name == "FRAME":
+            host, agent = host.format, agent.format
+        assert host == agent, f"{name}: the host says {host!r}, the agent {agent!r}"
+    kinds = [getattr(_agent, name) for name in _AGENT_PROTOCOL[1:]]
+    assert len(set(kinds)) == len(kinds), "two frame kinds share a number"
+    for name in ("RUN_DIR", "LAUNCH_FAILED"):
+        assert getattr(_backend, name) == getattr(_agent, name), name
