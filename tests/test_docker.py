@@ -635,7 +635,7 @@ def test_the_executor_client_speaks_the_agents_protocol() -> None:
     """The frame layout and kinds of ``_executor.py`` (the host) and ``_agent.py`` (the
     container) agree, as do the Engine API path's shepherd paths and status: each side is
     imported, nothing restated, so changing one side alone fails here."""
-    from asyncsandbox_docker import _agent, _backend, _executor
+    from asyncsandbox_docker import _agent, _api_path, _executor
 
     for name in _AGENT_PROTOCOL:
         host, agent = getattr(_executor, name), getattr(_agent, name)
@@ -645,4 +645,23 @@ def test_the_executor_client_speaks_the_agents_protocol() -> None:
     kinds = [getattr(_agent, name) for name in _AGENT_PROTOCOL[1:]]
     assert len(set(kinds)) == len(kinds), "two frame kinds share a number"
     for name in ("RUN_DIR", "LAUNCH_FAILED"):
-        assert getattr(_backend, name) == getattr(_agent, name), name
+        assert getattr(_api_path, name) == getattr(_agent, name), name
+
+
+def test_the_private_aiodocker_api_we_use_is_still_there() -> None:
+    """The engine's few uses of aiodocker's (and aiohttp's) private API, listed in one place
+    (``_engine.PRIVATE_API``), exist in the installed versions with the keyword arguments we
+    pass: an upgrade that drops or renames one fails here, not in a sandbox."""
+    import inspect
+
+    from asyncsandbox_docker import _engine
+
+    for owner, name, keywords in _engine.PRIVATE_API:
+        where = f"{owner.__module__}.{owner.__qualname__}.{name}"
+        member = getattr(owner, name, None)
+        if member is None:  # an instance attribute: its class's __init__ sets it
+            assert name in owner.__init__.__code__.co_names, f"{where} is gone"
+            continue
+        parameters = inspect.signature(member).parameters
+        missing = [k for k in keywords if k not in parameters]
+        assert not missing, f"{where} no longer takes {missing}"
