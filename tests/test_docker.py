@@ -621,3 +621,47 @@ async def test_recycling_under_load_hands_over_no_state() -> None:
     async with s:
         seen = await episodes_leave_nothing(s, episodes=64, concurrency=16)
     assert len(seen) < 64, "no container was reused"
+
+
+# The host side's names for the frames and files of the in-container agent, each of which
+# must mean what the agent means by it.
+_AGENT_PROTOCOL = (
+    *("FRAME", "START", "STDIN", "STDIN_EOF", "KILL"),  # host -> executor
+    *("READY", "STDOUT", "STDERR", "EXIT", "FAILED"),  # executor -> host
+)
+
+
+def test_the_executor_client_speaks_the_agents_protocol() -> None:
+    """The frame layout and kinds of ``_executor.py`` (the host) and ``_agent.py`` (the
+    container) agree, as do the Engine API path's shepherd paths and status: each side is
+    imported, nothing restated, so changing one side alone fails here."""
+    from asyncsandbox_docker import _agent, _api_path, _executor
+
+    for name in _AGENT_PROTOCOL:
+        host, agent = getattr(_executor, name), getattr(_agent, name)
+        if name == "FRAME":
+            host, agent = host.format, agent.format
+        assert host == agent, f"{name}: the host says {host!r}, the agent {agent!r}"
+    kinds = [getattr(_agent, name) for name in _AGENT_PROTOCOL[1:]]
+    assert len(set(kinds)) == len(kinds), "two frame kinds share a number"
+    for name in ("RUN_DIR", "LAUNCH_FAILED"):
+        assert getattr(_api_path, name) == getattr(_agent, name), name
+
+
+def test_the_private_aiodocker_api_we_use_is_still_there() -> None:
+    """The engine's few uses of aiodocker's (and aiohttp's) private API, listed in one place
+    (``_engine.PRIVATE_API``), exist in the installed versions with the keyword arguments we
+    pass: an upgrade that drops or renames one fails here, not in a sandbox."""
+    import inspect
+
+    from asyncsandbox_docker import _engine
+
+    for owner, name, keywords in _engine.PRIVATE_API:
+        where = f"{owner.__module__}.{owner.__qualname__}.{name}"
+        member = getattr(owner, name, None)
+        if member is None:  # an instance attribute: its class's __init__ sets it
+            assert name in owner.__init__.__code__.co_names, f"{where} is gone"
+            continue
+        parameters = inspect.signature(member).parameters
+        missing = [k for k in keywords if k not in parameters]
+        assert not missing, f"{where} no longer takes {missing}"

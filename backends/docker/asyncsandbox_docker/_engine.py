@@ -6,10 +6,17 @@ Docker 20.10 (Debian's) can wedge: calls on some containers, then ``info`` itsel
 answering while ``/_ping`` still does (moby/moby#46661). So every call is bounded, and a
 call that runs out of time is diagnosed with an ``info`` probe: if the daemon answers, only
 that container is lost (:class:`SandboxDied`); if not, the daemon is (:class:`BackendUnavailable`).
+
+The streams the Engine hands out (a hijacked exec or attach connection, an answer's body)
+are objects of this module, whose every method translates errors the same way: callers
+see asyncsandbox's errors only, whether a request failed or a transfer broke later.
+aiodocker's private API is used in one place, :data:`PRIVATE_API` (each use says why), which
+a test checks against the installed aiodocker.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
@@ -63,19 +70,20 @@ class Engine:
             raise BackendUnavailable("the docker backend is not open (use it through a Session)")
         return self._docker
 
+    @property
+    def host(self) -> str:
+        """The daemon's address, as aiodocker composes URLs with it."""
+        return self.docker.docker_host
+
     async def open(self) -> dict[str, Any]:
         """Connect and check that the daemon answers ``info``; return that answer."""
         try:
-            docker = aiodocker.Docker(url=self._url)
+            docker = await _bounded_client(self._url, self._max_connections)
         except (ValueError, OSError, AssertionError, aiodocker.DockerError) as exc:
             # With no DOCKER_HOST and no socket where it looks, aiodocker fails an assert
             # (AssertionError; ValueError under python -O); a broken docker context is a
             # DockerError.
             raise BackendUnavailable(_no_engine(self._url, exc), retryable=False) from exc
-        # aiodocker's own connector is unbounded; bound the pool (hijacked exec streams count).
-        connector = docker.session.connector
-        if connector is not None:
-            connector._limit = self._max_connections
         self._docker = docker
         try:
             return await self.info()
@@ -88,23 +96,26 @@ class Engine:
         docker, self._docker = self._docker, None
         if docker is not None:
             await docker.close()
+            # A connector given to aiodocker stays its giver's to close (aiodocker >= 0.25;
+            # older ones closed it already, and closing twice is harmless).
+            await docker.connector.close()
 
     async def info(self, deadline: float = INFO_DEADLINE) -> dict[str, Any]:
         """``GET /info``: the health check that notices a wedged daemon (``/_ping`` does not)."""
         with anyio.move_on_after(deadline):
             with _mapped("info"):
-                result: dict[str, Any] = await self.docker._query_json("info")
+                result = dict(await self.docker.system.info())
             self.wedged = False
             return result
         self.wedged = True
         raise BackendUnavailable(
-            f"the Docker daemon ({self.docker.docker_host}) did not answer `info` within "
+            f"the Docker daemon ({self.host}) did not answer `info` within "
             f"{deadline:g}s: it is overloaded or wedged (Docker 20.10: moby/moby#46661; "
             "restart it)",
             retryable=False,
         )
 
-    async def _diagnose(self, what: str, sandbox_id: str | None) -> SandboxError:
+    async def diagnose(self, what: str, sandbox_id: str | None) -> SandboxError:
         """A call ran out of time: is the container lost, or the whole daemon?"""
         try:
             await self.info(deadline=5.0)
@@ -130,12 +141,10 @@ class Engine:
         limit = self.call_deadline if deadline is None else deadline
         with anyio.move_on_after(limit):
             with _mapped(f"{method} {path}", sandbox_id, file_path):
-                result = await self.docker._query_json(
-                    path, method, params=_params(params), data=body
-                )
+                result = await _query_json(self.docker, method, path, _params(params), body)
             self.wedged = False
             return result
-        raise await self._diagnose(f"{method} {path}", sandbox_id)
+        raise await self.diagnose(f"{method} {path}", sandbox_id)
 
     @asynccontextmanager
     async def raw(
@@ -148,39 +157,52 @@ class Engine:
         sandbox_id: str | None = None,
         file_path: str | None = None,
         headers: Mapping[str, str] | None = None,
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
+    ) -> AsyncIterator[Body]:
         """A streaming call: the deadline covers the answer's headers, not the transfer."""
         what = f"{method} {path}"
         with anyio.move_on_after(self.call_deadline) as scope, _mapped(what, sandbox_id, file_path):
-            response = await self.docker._do_query(
-                path,
+            response = await _do_query(
+                self.docker,
                 method,
-                params=_params(params),
-                data=body,
-                headers=dict(headers or {"Content-Type": "application/x-tar"}),
-                timeout=None,
+                path,
+                _params(params),
+                body,
+                dict(headers or {"Content-Type": "application/x-tar"}),
             )
         if scope.cancelled_caught:
-            raise await self._diagnose(what, sandbox_id)
+            raise await self.diagnose(what, sandbox_id)
         try:
-            yield response
-        except (aiohttp.ClientError, OSError) as exc:
-            # The transfer broke after the answer began: not retryable (it did something).
-            raise BackendUnavailable(
-                f"Docker connection failed ({what}): {exc}", retryable=False
-            ) from exc
+            yield Body(response, what)
         finally:
             response.close()
+
+    async def put_archive(
+        self, container: str, path: str, body: bytes | AsyncIterable[bytes]
+    ) -> None:
+        """Unpack a tar archive into directory ``path`` of ``container``."""
+        if isinstance(body, bytes):
+            body = io.BytesIO(body)  # type: ignore[assignment]  # aiohttp streams file objects
+        async with self.raw(
+            "PUT",
+            f"containers/{container}/archive",
+            params={"path": path, "noOverwriteDirNonDir": True},
+            body=body,
+            sandbox_id=container,
+            file_path=path,
+        ):
+            pass
 
     async def head(
         self, path: str, *, params: Mapping[str, Any], sandbox_id: str, file_path: str
     ) -> Mapping[str, str]:
-        """A ``HEAD`` call's answer headers (aiodocker cannot: it parses error bodies)."""
+        """A ``HEAD`` call's answer headers (through aiohttp: aiodocker's requests read an
+        error's body, which a ``HEAD`` answer does not have)."""
         docker = self.docker
         with anyio.move_on_after(self.call_deadline):
             with _mapped(f"HEAD {path}", sandbox_id, file_path):
-                await docker._check_version()
-                url = docker._canonicalize_url(path, versioned_api=True)
+                if docker.api_version == "auto":  # resolved by the first versioned call
+                    await docker.version()
+                url = URL(f"{docker.docker_host}/{docker.api_version}/{path}")
                 async with docker.session.head(url, params=_params(params)) as response:
                     status, headers = response.status, dict(response.headers)
             if status == 404:
@@ -192,7 +214,7 @@ class Engine:
                 raise BackendUnavailable(f"Docker failed HEAD {path} ({status})")
             self.wedged = False
             return headers
-        raise await self._diagnose(f"HEAD {path}", sandbox_id)
+        raise await self.diagnose(f"HEAD {path}", sandbox_id)
 
     async def _container_exists(self, sandbox_id: str) -> bool:
         try:
@@ -201,18 +223,154 @@ class Engine:
             return False
         return True
 
-    def attach_stream(self, container: str) -> Stream:
-        """The hijacked stdio of a container (``POST /containers/{id}/attach``)."""
+    def attach_stream(self, container: str) -> Hijacked:
+        """The stdio of a container (``POST /containers/{id}/attach``), not yet connected."""
 
+        # Not `containers.container(id).attach()`: it inspects the container first (one
+        # more daemon call per sandbox created), to learn whether it has a TTY; ours never.
         async def setup() -> tuple[URL, bytes | None, bool]:
             query = {"stream": "1", "stdin": "1", "stdout": "1", "stderr": "1", "logs": "0"}
             return URL(f"containers/{container}/attach").with_query(query), None, False
 
-        return Stream(self.docker, setup, None)
+        return Hijacked(self, Stream(self.docker, setup, None), f"attach {container}", container)
 
-    def exec_stream(self, exec_id: str) -> Stream:
-        """The hijacked stream of a created exec (``POST /exec/{id}/start``)."""
-        return Exec(self.docker, exec_id, tty=False).start(timeout=None)
+    def exec_stream(self, exec_id: str, sandbox_id: str) -> Hijacked:
+        """The stdio of a created exec (``POST /exec/{id}/start``), not yet connected."""
+        # tty given: aiodocker would otherwise inspect the exec first (one more round trip).
+        stream = Exec(self.docker, exec_id, tty=False).start(timeout=None, detach=False)
+        return Hijacked(self, stream, "the exec stream", sandbox_id)
+
+
+class Hijacked:
+    """A hijacked connection: the multiplexed stdout and stderr of a process, and its stdin.
+
+    Every method raises asyncsandbox's errors only: a stream that breaks is
+    :class:`BackendUnavailable` (not retryable: what was sent may have been acted on).
+    """
+
+    def __init__(self, engine: Engine, stream: Stream, what: str, sandbox_id: str) -> None:
+        self._engine = engine
+        self._stream = stream
+        self._what = what
+        self._sandbox_id = sandbox_id
+
+    async def connect(self) -> None:
+        """Make the call and take over its connection, within the call deadline."""
+        with anyio.move_on_after(self._engine.call_deadline):
+            with _mapped(self._what, self._sandbox_id), _broken(self._what):
+                await self._stream.__aenter__()  # `async with stream` connects (and closes)
+            return
+        raise await self._engine.diagnose(self._what, self._sandbox_id)
+
+    async def read(self) -> tuple[int, bytes] | None:
+        """The next ``(stream, data)`` (1: stdout, 2: stderr); None at the end."""
+        with _mapped(self._what, self._sandbox_id), _broken(self._what):
+            message = await self._stream.read_out()
+        return None if message is None else (message.stream, message.data)
+
+    async def write(self, data: bytes) -> None:
+        with _broken(self._what):
+            await self._stream.write_in(data)
+
+    async def close(self) -> None:
+        """Half-close stdin and release the connection (idempotent)."""
+        with _broken(self._what):
+            await self._stream.close()
+
+
+class Body:
+    """The body of a streamed answer; a transfer that breaks is :class:`BackendUnavailable`
+    (not retryable: the call did something)."""
+
+    def __init__(self, response: aiohttp.ClientResponse, what: str) -> None:
+        self._content = response.content
+        self._what = what
+
+    async def read(self, limit: int) -> bytes:
+        """Up to ``limit`` bytes (fewer only at the end)."""
+        with _broken(self._what):
+            return await self._content.read(limit)
+
+    async def chunks(self, size: int) -> AsyncIterator[bytes]:
+        """The rest, in chunks of at most ``size`` bytes."""
+        iterator = aiter(self._content.iter_chunked(size))
+        while True:
+            with _broken(self._what):
+                chunk = await anext(iterator, None)
+            if chunk is None:
+                return
+            yield chunk
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        """The rest, line by line (a JSON stream: events, pull progress)."""
+        while True:
+            with _broken(self._what):
+                line = await self._content.readline()
+            if not line:
+                return
+            yield line
+
+
+# -- aiodocker's private API, used here only -----------------------------------------------
+#
+# aiodocker has a public method per endpoint, but no public request of one's own making.
+# The generic JSON call serves every endpoint with one deadline and one translation (the
+# per-endpoint methods wrap answers in objects of their own, and some add round trips:
+# ``container.attach()`` and ``Exec.start()`` without a tty inspect first). The archive,
+# events and pull endpoints are streamed as they come: the public ``get_archive`` holds a
+# whole archive in memory, ``put_archive`` labels a tar body JSON, ``events`` runs a task
+# of its own, and ``pull`` reports failures in its own way. tests/test_docker.py checks
+# that the installed versions still have each of these.
+
+PRIVATE_API: tuple[tuple[type[Any], str, tuple[str, ...]], ...] = (
+    # (class, attribute, the keyword arguments we pass)
+    (aiodocker.Docker, "_query_json", ("params", "data")),
+    (aiodocker.Docker, "_do_query", ("params", "data", "headers", "timeout")),
+    # Read by aiohttp's connector (set in its __init__): the pool size of a connector that
+    # aiodocker built and we cannot rebuild (TLS or SSH set up from the environment).
+    (aiohttp.BaseConnector, "_limit", ()),
+)
+
+
+async def _query_json(
+    docker: aiodocker.Docker,
+    method: str,
+    path: str,
+    params: dict[str, Any] | None,
+    body: Any,
+) -> Any:
+    return await docker._query_json(path, method, params=params, data=body)
+
+
+async def _do_query(
+    docker: aiodocker.Docker,
+    method: str,
+    path: str,
+    params: dict[str, Any] | None,
+    body: AsyncIterable[bytes] | bytes | None,
+    headers: dict[str, str],
+) -> aiohttp.ClientResponse:
+    # timeout=None: the transfer has no deadline (ours covers the answer's headers).
+    return await docker._do_query(
+        path, method, params=params, data=body, headers=headers, timeout=None
+    )
+
+
+async def _bounded_client(url: str | None, max_connections: int) -> aiodocker.Docker:
+    """An aiodocker client whose pool holds at most ``max_connections`` connections (hijacked
+    exec and attach streams count); aiodocker's own connector has aiohttp's default, 100."""
+    docker = aiodocker.Docker(url=url)  # finds the daemon as aiodocker does
+    connector = docker.connector
+    if not isinstance(connector, aiohttp.UnixConnector):
+        # Built from the environment's TLS or SSH settings, which only aiodocker knows:
+        # bounded in place (PRIVATE_API).
+        connector._limit = max_connections
+        return docker
+    path = connector.path
+    await docker.close()
+    bounded = aiohttp.UnixConnector(path, limit=max_connections)
+    # The host part is a placeholder, as aiodocker's own for Unix sockets.
+    return aiodocker.Docker(url="unix://localhost", connector=bounded)
 
 
 def _params(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -236,7 +394,7 @@ def _mapped(
     file_path: str | None = None,
 ) -> Iterator[None]:
     """The translation of aiodocker and aiohttp errors into asyncsandbox's tree, around
-    every request (a streamed answer's transfer is mapped in :meth:`Engine.raw`)."""
+    every request (a transfer that breaks later: :func:`_broken`)."""
     try:
         yield
     except aiodocker.DockerError as exc:
@@ -248,6 +406,18 @@ def _mapped(
     except ValueError as exc:  # an answer that is not JSON: no Docker daemon sent it
         raise BackendUnavailable(
             f"an invalid answer to {what} (is it a Docker daemon?): {exc}", retryable=False
+        ) from exc
+
+
+@contextmanager
+def _broken(what: str) -> Iterator[None]:
+    """The translation of a transfer that broke after the call was answered: not retryable
+    (the call did something). aiodocker's streams raise RuntimeError once closed."""
+    try:
+        yield
+    except (aiohttp.ClientError, OSError, RuntimeError) as exc:
+        raise BackendUnavailable(
+            f"Docker connection failed ({what}): {exc}", retryable=False
         ) from exc
 
 

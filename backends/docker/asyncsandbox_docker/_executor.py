@@ -17,10 +17,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-import aiohttp
 import anyio
 import anyio.abc
-from aiodocker.stream import Stream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from asyncsandbox import (
@@ -33,7 +31,7 @@ from asyncsandbox import (
 from asyncsandbox.abc import ExitStatus, OutputCallback
 from asyncsandbox.log import get_logger
 
-from ._engine import Engine
+from ._engine import Engine, Hijacked
 
 FRAME = struct.Struct(">BII")
 START, STDIN, STDIN_EOF, KILL = 1, 2, 3, 4
@@ -182,7 +180,7 @@ class Executor:
     def __init__(self, engine: Engine, sandbox_id: str) -> None:
         self._engine = engine
         self._sandbox_id = sandbox_id
-        self._stream: Stream | None = None
+        self._stream: Hijacked | None = None
         self._write_lock = anyio.Lock()
         self._jobs: dict[int, MemoryObjectSendStream[tuple[int, bytes]]] = {}
         self._next_id = 1
@@ -217,24 +215,24 @@ class Executor:
         started = False
         try:
             self._stream = stream = self._engine.attach_stream(self._sandbox_id)
-            with anyio.fail_after(self._engine.call_deadline):
-                await stream._init()
+            await stream.connect()
             task_status.started()
             started = True
             while not self._closed:
                 self._reading_since = anyio.current_time()
-                message = await stream.read_out()
+                message = await stream.read()
                 self._reading_since = None
                 if message is None:
                     break
-                if message.stream != 1:
+                kind, data = message
+                if kind != 1:
                     # The executor's own stderr: a crash report, or the runtime's start error.
-                    self._failure = message.data.decode(errors="replace").strip()[-500:]
+                    self._failure = data.decode(errors="replace").strip()[-500:]
                     continue
-                buffer += message.data
+                buffer += data
                 await self._dispatch(buffer)
             self._failure = self._failure or "the executor exited"
-        except (SandboxError, aiohttp.ClientError, OSError, RuntimeError, TimeoutError) as exc:
+        except SandboxError as exc:
             if not started:
                 raise BackendUnavailable(
                     f"cannot attach to sandbox {self._sandbox_id}: {exc}"
@@ -282,28 +280,28 @@ class Executor:
         sandbox's commands take the Engine API path from now on) and say why."""
         self._give_up(f"the executor sent nothing for {self._engine.call_deadline:g}s")
         log.warning("docker.executor.stalled", sandbox_id=self._sandbox_id)
-        return await self._engine._diagnose("a file operation", self._sandbox_id)
+        return await self._engine.diagnose("a file operation", self._sandbox_id)
 
     async def _send(self, kind: int, job_id: int, payload: bytes = b"") -> None:
         stream = self._stream
         if stream is None or self._closed:
             raise self.broken()
-        try:
-            async with self._write_lock:
-                # Shielded (bounded by the call deadline): a frame cut short by a
-                # cancellation would corrupt the stream for every job of the sandbox.
-                with (
-                    anyio.CancelScope(shield=True),
-                    anyio.move_on_after(self._engine.call_deadline) as scope,
-                ):
-                    await stream.write_in(FRAME.pack(kind, job_id, len(payload)) + payload)
-                if scope.cancelled_caught:
-                    self._failure = "writing to the executor timed out"
-                    raise self.broken()
-        except (aiohttp.ClientError, OSError, RuntimeError) as exc:
-            raise BackendUnavailable(
-                f"writing to sandbox {self._sandbox_id}'s executor failed: {exc}"
-            ) from exc
+        async with self._write_lock:
+            # Shielded (bounded by the call deadline): a frame cut short by a
+            # cancellation would corrupt the stream for every job of the sandbox.
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(self._engine.call_deadline) as scope,
+            ):
+                try:
+                    await stream.write(FRAME.pack(kind, job_id, len(payload)) + payload)
+                except BackendUnavailable as exc:
+                    raise BackendUnavailable(
+                        f"writing to sandbox {self._sandbox_id}'s executor failed: {exc}"
+                    ) from exc
+            if scope.cancelled_caught:
+                self._failure = "writing to the executor timed out"
+                raise self.broken()
 
     async def wait_ready(self) -> bool:
         """Wait until the executor answered (True) or failed (False)."""
