@@ -268,11 +268,11 @@ async def _run(
     except SandboxError as exc:
         # Ours, not the program's (infrastructure, or the server closing its Session):
         # SandboxFusion's SandboxError, which its client retries.
-        if not isinstance(exc, InfrastructureError):
-            log.warning("remote.fusion.failed", error=repr(exc))
+        infrastructure = isinstance(exc, InfrastructureError)
+        log.warning("remote.fusion.sandbox_error", error=repr(exc), infrastructure=infrastructure)
         return RunCodeResponse(
             status=RunStatus.SANDBOX_ERROR,
-            message=f"{type(exc).__name__}: {exc}",
+            message=f"{'infrastructure error' if infrastructure else 'sandbox error'}: {exc}",
             compile_result=compile_result,
             run_result=run_result,
         )
