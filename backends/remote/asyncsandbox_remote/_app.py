@@ -10,7 +10,10 @@ lease reaper for the server's lifetime (:meth:`RemoteServer.lifespan`), routes e
 operation to its handler (:mod:`._handlers`), and turns what a handler raises into the
 answer (:mod:`._errors`), counting every answer in the metrics. Calls go one way::
 
-    _app ─> _handlers ─> _tenancy, _streaming ─> _errors
+    _app ─> _handlers, _fusion ─> _tenancy, _streaming ─> _errors
+
+SandboxFusion's ``POST /run_code`` (:mod:`._fusion`) is served beside the API, on the
+same Session, tenants and quotas.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from asyncsandbox.log import get_logger
 
 from ._config import ServerConfig, Tenant
 from ._errors import HttpError, error_response, no_route
+from ._fusion import UNSUPPORTED_ROUTES, FusionHandlers
 from ._handlers import Handlers
 from ._metrics import Metrics
 from ._openapi import OPERATIONS
@@ -116,12 +120,18 @@ class RemoteServer:
                 )
         self.tenancy.clear()
 
-    def routes(self, handlers: Handlers) -> list[Route]:
-        """One route per operation of the API, answered by the handler of its name."""
+    def routes(self, handlers: Handlers, fusion: FusionHandlers) -> list[Route]:
+        """One route per operation of the API, answered by the handler of its name; and
+        SandboxFusion's routes (:mod:`._fusion`: not part of this API's document)."""
         routes = [Route("/openapi.json", handlers.openapi_json, methods=["GET"])]
         for op in OPERATIONS:
             handler = getattr(handlers, "metrics_text" if op.name == "metrics" else op.name)
             routes.append(Route(op.path, self._endpoint(op.name, handler), methods=[op.method]))
+        routes.append(
+            Route("/run_code", self._endpoint("fusion_run_code", fusion.run_code), methods=["POST"])
+        )
+        unsupported = self._endpoint("fusion_unsupported", fusion.unsupported)
+        routes.extend(Route(path, unsupported, methods=["POST"]) for path in UNSUPPORTED_ROUTES)
         return routes
 
     def _endpoint(
@@ -156,7 +166,7 @@ def create_app(
     """
     server = RemoteServer(config, tenants, backend, version=version)
     app = Starlette(
-        routes=server.routes(Handlers(server)),
+        routes=server.routes(Handlers(server), FusionHandlers(server)),
         lifespan=server.lifespan,
         exception_handlers={404: no_route, 405: no_route},
     )

@@ -14,6 +14,8 @@ records of their sandboxes, leases, quotas, and what their idempotency keys stan
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import time
@@ -113,6 +115,7 @@ class TenantState:
     max_execs: int | None
     records: dict[str, Record] = field(default_factory=dict)
     creating: int = 0
+    ephemeral: int = 0  # sandboxes that live for one request (SandboxFusion's /run_code)
     in_flight: int = 0
     keys: OrderedDict[str, Creation] = field(default_factory=OrderedDict)
     snapshots: set[str] = field(default_factory=set)  # snapshots it took and not deleted
@@ -152,12 +155,14 @@ class Tenancy:
     # -- who is asking --------------------------------------------------------------------
 
     def authenticate(self, request: Request) -> TenantState:
-        """The tenant whose key the request carries as a bearer token (401 if none)."""
+        """The tenant whose key the request carries (401 if none): as a bearer token, or
+        as the password of HTTP Basic, which is how clients that cannot send a header
+        carry it (``http://user:KEY@host:port``; the user name is not read)."""
         header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
+        scheme, _, credentials = header.partition(" ")
+        token = _token(scheme.lower(), credentials.strip())
         found: TenantState | None = None
-        if scheme.lower() == "bearer" and token:
+        if token:
             presented = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
             # Constant time: compare against every key, never stop at the first match.
             for key_digest, tenant in self._keys:
@@ -170,8 +175,11 @@ class Tenancy:
             raise HttpError(
                 401,
                 "unauthorized",
-                "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                headers={"WWW-Authenticate": 'Bearer realm="asyncsandbox"'},
+                "missing or invalid API key: send 'Authorization: Bearer <key>', or the key "
+                "as the password of HTTP Basic (http://user:KEY@host:port)",
+                headers={
+                    "WWW-Authenticate": 'Bearer realm="asyncsandbox", Basic realm="asyncsandbox"'
+                },
             )
         return found
 
@@ -186,7 +194,7 @@ class Tenancy:
     def counts(self) -> dict[str, tuple[int, int, int]]:
         """(live, creating, in flight) by tenant, for the metrics."""
         return {
-            name: (len(t.records), t.creating, t.in_flight)
+            name: (len(t.records) + t.ephemeral, t.creating, t.in_flight)
             for name, t in sorted(self.tenants.items())
         }
 
@@ -194,7 +202,7 @@ class Tenancy:
 
     def check_live_quota(self, tenant: TenantState) -> None:
         """Refuse (429) a create beyond the tenant's ``max_live`` sandboxes."""
-        held = len(tenant.records) + tenant.creating
+        held = len(tenant.records) + tenant.creating + tenant.ephemeral
         if tenant.max_live is not None and held >= tenant.max_live:
             self.metrics.quota_rejections[(tenant.name, "max_live")] += 1
             log.info("remote.quota.exceeded", tenant=tenant.name, quota="max_live")
@@ -207,16 +215,8 @@ class Tenancy:
                 headers={"Retry-After": "1"},
             )
 
-    @asynccontextmanager
-    async def use(
-        self, tenant: TenantState, record: Record, *, exec_id: str | None = None
-    ) -> AsyncIterator[Activity]:
-        """Account one operation on a sandbox: the tenant's exec quota, the lease, and the
-        cancel-by-id registry."""
-        if exec_id is not None and exec_id in record.cancelled_execs:
-            raise HttpError(409, "exec_cancelled", f"exec {exec_id!r} was cancelled")
-        if exec_id is not None and exec_id in record.execs:
-            raise bad_request(f"exec id {exec_id!r} is already running")
+    def check_exec_quota(self, tenant: TenantState) -> None:
+        """Refuse (429) an operation beyond the tenant's ``max_execs`` in flight."""
         if tenant.max_execs is not None and tenant.in_flight >= tenant.max_execs:
             self.metrics.quota_rejections[(tenant.name, "max_execs")] += 1
             log.info("remote.quota.exceeded", tenant=tenant.name, quota="max_execs")
@@ -228,6 +228,34 @@ class Tenancy:
                 retryable=True,
                 headers={"Retry-After": "1"},
             )
+
+    @asynccontextmanager
+    async def ephemeral(self, tenant: TenantState) -> AsyncIterator[None]:
+        """Account a sandbox that lives for one request and runs its commands in it
+        (SandboxFusion's ``/run_code``): it holds one of the tenant's ``max_live``
+        sandboxes and one of its ``max_execs`` slots until the request ends. It has no
+        record (no id, no lease): the request removes it on every exit path."""
+        self.check_live_quota(tenant)
+        self.check_exec_quota(tenant)
+        tenant.ephemeral += 1
+        tenant.in_flight += 1
+        try:
+            yield
+        finally:
+            tenant.ephemeral -= 1
+            tenant.in_flight -= 1
+
+    @asynccontextmanager
+    async def use(
+        self, tenant: TenantState, record: Record, *, exec_id: str | None = None
+    ) -> AsyncIterator[Activity]:
+        """Account one operation on a sandbox: the tenant's exec quota, the lease, and the
+        cancel-by-id registry."""
+        if exec_id is not None and exec_id in record.cancelled_execs:
+            raise HttpError(409, "exec_cancelled", f"exec {exec_id!r} was cancelled")
+        if exec_id is not None and exec_id in record.execs:
+            raise bad_request(f"exec id {exec_id!r} is already running")
+        self.check_exec_quota(tenant)
         activity = Activity()
         tenant.in_flight += 1
         record.busy += 1
@@ -351,3 +379,16 @@ class Tenancy:
             record = tenant.records.get(creation.sandbox_id or "")
             if record is not None:
                 await self.drop(record)
+
+
+def _token(scheme: str, credentials: str) -> str:
+    """The key in an Authorization header's credentials ("" if none)."""
+    if scheme == "bearer":
+        return credentials
+    if scheme == "basic":
+        try:
+            decoded = base64.b64decode(credentials, validate=True).decode("utf-8")
+        except (binascii.Error, ValueError):
+            return ""
+        return decoded.partition(":")[2]
+    return ""

@@ -1,0 +1,340 @@
+"""SandboxFusion's ``POST /run_code`` on ``asyncsandbox serve``, for the unmodified
+``sandbox-fusion`` client (``sandbox_fusion.run_code``, ``run_code_async``) and verl's raw
+``requests.post(f"{url}/run_code", json=payload)``.
+
+Each request runs in a FRESH sandbox of the served backend, made through the server's
+Session like every other sandbox (its limits, deadlines, retries and error mapping apply),
+and removed on every exit path, the client's disconnect included (the command is killed
+first). In the sandbox's workdir: the request's ``files`` (base64) are written, then the
+code as ``main.<ext>``; a compiled language is compiled (``compile_timeout``), then the
+program runs (``run_timeout``, which kills its whole process tree) with ``stdin``; then
+``fetch_files`` are read back (base64; a file that cannot be read is left out).
+``memory_limit_MB`` (> 0) is the sandbox's memory limit (``Resources.memory_mb``), which
+the compile step shares; otherwise the Session's default applies.
+
+Languages (``language`` → the commands, in the sandbox's workdir)::
+
+    python   python3 main.py
+    bash     bash main.sh
+    cpp      g++ -O2 -std=c++17 main.cpp -o main; ./main   (C arrives as cpp, as in SandboxFusion)
+    nodejs   node main.js
+    perl     perl main.pl
+
+These are the ones a Debian-like system provides cheaply (the process backend shares the
+host's ``/usr``; a Docker image must carry them). Any other language gets a 400 naming
+these. A program the sandbox lacks exits 127 (a command outcome, as in SandboxFusion).
+
+Statuses, as SandboxFusion's ``parse_run_status``: ``Success`` when every step finished
+with exit 0; ``Failed`` when one exited non-zero (a compile failure answers
+``compile_result`` only) or hit its time limit (its ``status`` is ``TimeLimitExceeded``,
+with no ``return_code`` and no ``execution_time``, as SandboxFusion reports it);
+``SandboxError`` when the infrastructure failed (an :class:`asyncsandbox.InfrastructureError`
+such as a sandbox that could not start, or a step that could not be launched, whose
+``status`` is then ``Error``). The fusion client raises and retries on ``SandboxError``, as
+it does against SandboxFusion. Answers are ``application/json``, status 200; requests that
+cannot run (no key: 401, bad body or language: 400, quota: 429) get this server's JSON
+error. Routes of SandboxFusion that do not fit a sandbox runtime (``/run_jupyter`` and the
+dataset routes) answer 501 with a JSON error saying so.
+
+Auth and quotas are this server's: the key as a bearer token or as the password of HTTP
+Basic (``http://user:KEY@host:port``: the only way an unmodified client can send one). A
+request holds one of the tenant's ``max_live`` sandboxes and one of its ``max_execs``
+slots while it runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated
+
+import msgspec
+from msgspec import Meta
+from starlette.requests import Request
+from starlette.responses import Response
+
+from asyncsandbox import (
+    ExecTimeout,
+    InfrastructureError,
+    InvalidArgument,
+    LaunchError,
+    Sandbox,
+    SandboxError,
+    SandboxFileError,
+)
+from asyncsandbox.log import get_logger
+
+from . import _wire as w
+from ._errors import CLIENT_CLOSED_REQUEST, HttpError, bad_request, error_for
+from ._streaming import decode, json_response, until_disconnect
+
+if TYPE_CHECKING:
+    from ._app import RemoteServer
+
+__all__ = ("LANGUAGES", "UNSUPPORTED_ROUTES", "FusionHandlers", "Language")
+
+log = get_logger("asyncsandbox.remote")
+
+
+@dataclass(frozen=True)
+class Language:
+    """How one SandboxFusion ``language`` runs: its source file, an optional compile
+    command, and the run command (argv, in the sandbox's workdir)."""
+
+    source: str
+    run: tuple[str, ...]
+    compile: tuple[str, ...] | None = None
+
+
+LANGUAGES: dict[str, Language] = {
+    "python": Language("main.py", ("python3", "main.py")),
+    "bash": Language("main.sh", ("bash", "main.sh")),
+    "cpp": Language(
+        "main.cpp", ("./main",), compile=("g++", "-O2", "-std=c++17", "main.cpp", "-o", "main")
+    ),
+    "nodejs": Language("main.js", ("node", "main.js")),
+    "perl": Language("main.pl", ("perl", "main.pl")),
+}
+"""The languages served (see the module docstring)."""
+
+UNSUPPORTED_ROUTES = (
+    "/run_jupyter",
+    "/get_prompts",
+    "/get_prompt_by_id",
+    "/submit",
+    "/get_metrics",
+    "/get_metrics_function",
+    "/list_datasets",
+    "/list_ids",
+)
+"""SandboxFusion routes that do not fit a sandbox runtime: answered 501."""
+
+
+# -- SandboxFusion's wire types (its field names, its defaults) ---------------------------
+
+Timeout = Annotated[float, Meta(gt=0, le=24 * 3600)]
+
+
+class RunCodeRequest(msgspec.Struct, kw_only=True):
+    """SandboxFusion's ``RunCodeRequest`` (unknown fields are ignored, nulls accepted)."""
+
+    code: str
+    language: str
+    compile_timeout: Timeout = 10.0
+    run_timeout: Timeout = 10.0
+    memory_limit_MB: int = -1  # (SandboxFusion's name)
+    """The sandbox's memory limit in MiB; -1 (or any value <= 0): the server's default."""
+    stdin: str | None = None
+    files: dict[str, str | None] = msgspec.field(default_factory=dict)
+    """Base64 content by path (relative paths are in the workdir); ``null`` skips one."""
+    fetch_files: list[str] = msgspec.field(default_factory=list)
+
+
+class RunStatus(StrEnum):
+    SUCCESS = "Success"
+    FAILED = "Failed"
+    SANDBOX_ERROR = "SandboxError"
+
+
+class CommandRunStatus(StrEnum):
+    FINISHED = "Finished"
+    ERROR = "Error"
+    TIME_LIMIT_EXCEEDED = "TimeLimitExceeded"
+
+
+class CommandRunResult(msgspec.Struct, kw_only=True):
+    status: CommandRunStatus
+    execution_time: float | None = None
+    cpu_time: float | None = None
+    return_code: int | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+
+
+class RunCodeResponse(msgspec.Struct, kw_only=True):
+    status: RunStatus
+    message: str = ""
+    compile_result: CommandRunResult | None = None
+    run_result: CommandRunResult | None = None
+    executor_pod_name: str | None = None
+    files: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+RUN_CODE: w.Codec[RunCodeRequest] = w.Codec(RunCodeRequest)
+RUN_CODE_RESPONSE: w.Codec[RunCodeResponse] = w.Codec(RunCodeResponse)
+
+
+# -- the handlers -------------------------------------------------------------------------
+
+
+class FusionHandlers:
+    """The SandboxFusion routes of one server (see the module docstring)."""
+
+    def __init__(self, server: RemoteServer) -> None:
+        self.server = server
+        self.config = server.config
+        self.tenancy = server.tenancy
+        self.metrics = server.metrics
+
+    async def run_code(self, request: Request) -> Response:
+        tenant = self.tenancy.authenticate(request)
+        body = await decode(request, RUN_CODE, self.config.max_request_bytes)
+        language = LANGUAGES.get(body.language)
+        if language is None:
+            raise bad_request(
+                f"language {body.language[:50]!r} is not supported here; "
+                f"supported: {', '.join(sorted(LANGUAGES))} (C programs go as 'cpp')"
+            )
+        files = _decoded(body.files)
+        if self.server.closing:
+            raise HttpError(503, "shutting_down", "the server is shutting down", retryable=True)
+        resources = self.server.session.defaults.resources
+        if body.memory_limit_MB > 0:
+            resources = msgspec.structs.replace(resources, memory_mb=body.memory_limit_MB)
+        try:
+            sandbox = self.server.session.sandbox(resources=resources, tags=(tenant.tag,))
+        except SandboxError as exc:
+            raise error_for(exc) from None
+        answer: RunCodeResponse | None = None
+
+        async def work() -> None:
+            nonlocal answer
+            answer = await _run(sandbox, body, language, files, self.config.max_file_bytes)
+
+        async with self.tenancy.ephemeral(tenant):
+            if await until_disconnect(request.receive, work):
+                self.metrics.disconnect_kills += 1
+                log.info("remote.fusion.disconnected", tenant=tenant.name)
+        if answer is None:  # the client left: nobody reads this
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        log.debug(
+            "remote.fusion.ran", tenant=tenant.name, language=body.language, status=answer.status
+        )
+        return json_response(RUN_CODE_RESPONSE, answer)
+
+    async def unsupported(self, request: Request) -> Response:
+        raise HttpError(
+            501,
+            "not_supported",
+            f"{request.url.path} is a SandboxFusion route this server does not serve: "
+            "asyncsandbox serve implements /run_code only (Jupyter kernels and datasets "
+            "are not part of a sandbox runtime)",
+        )
+
+
+def _decoded(files: dict[str, str | None]) -> dict[str, bytes]:
+    decoded: dict[str, bytes] = {}
+    for path, content in files.items():
+        if content is None:
+            continue  # as SandboxFusion: a null content writes nothing
+        try:
+            decoded[path] = base64.b64decode(content, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad_request(f"files[{path[:100]!r}] is not valid base64") from None
+    return decoded
+
+
+async def _run(
+    sandbox: Sandbox,
+    body: RunCodeRequest,
+    language: Language,
+    files: dict[str, bytes],
+    max_file_bytes: int,
+) -> RunCodeResponse:
+    """Run one request in ``sandbox`` (started here, removed on every exit path)."""
+    compile_result: CommandRunResult | None = None
+    run_result: CommandRunResult | None = None
+    try:
+        async with sandbox:
+            try:
+                for path, data in files.items():
+                    await sandbox.write_file(path, data)
+                await sandbox.write_file(language.source, body.code)
+            except (InvalidArgument, SandboxFileError) as exc:
+                raise bad_request(f"cannot write the request's files: {exc}") from None
+            if language.compile is not None:
+                compile_result = await _step(sandbox, language.compile, body.compile_timeout)
+                if (
+                    compile_result.status != CommandRunStatus.FINISHED
+                    or compile_result.return_code != 0
+                ):
+                    return _response(compile_result, None, {})
+            run_result = await _step(sandbox, language.run, body.run_timeout, body.stdin)
+            fetched = await _fetch(sandbox, body.fetch_files, max_file_bytes)
+    except HttpError:
+        raise
+    except SandboxError as exc:
+        # Ours, not the program's (infrastructure, or the server closing its Session):
+        # SandboxFusion's SandboxError, which its client retries.
+        infrastructure = isinstance(exc, InfrastructureError)
+        log.warning("remote.fusion.sandbox_error", error=repr(exc), infrastructure=infrastructure)
+        return RunCodeResponse(
+            status=RunStatus.SANDBOX_ERROR,
+            message=f"{'infrastructure error' if infrastructure else 'sandbox error'}: {exc}",
+            compile_result=compile_result,
+            run_result=run_result,
+        )
+    return _response(compile_result, run_result, fetched)
+
+
+async def _step(
+    sandbox: Sandbox, argv: tuple[str, ...], timeout: float, stdin: str | None = None
+) -> CommandRunResult:
+    """One command, as SandboxFusion's ``run_command_bare`` reports it."""
+    try:
+        result = await sandbox.exec(argv, stdin=stdin, timeout=timeout)
+    except ExecTimeout as exc:  # the process tree was killed
+        return CommandRunResult(
+            status=CommandRunStatus.TIME_LIMIT_EXCEEDED,
+            stdout=exc.result.stdout_text,
+            stderr=exc.result.stderr_text,
+        )
+    except LaunchError as exc:  # it never ran
+        return CommandRunResult(status=CommandRunStatus.ERROR, stderr=str(exc))
+    return CommandRunResult(
+        status=CommandRunStatus.FINISHED,
+        execution_time=result.duration,
+        return_code=result.returncode,
+        stdout=result.stdout_text,
+        stderr=result.stderr_text,
+    )
+
+
+async def _fetch(sandbox: Sandbox, paths: list[str], max_bytes: int) -> dict[str, str]:
+    fetched: dict[str, str] = {}
+    for path in dict.fromkeys(paths):
+        try:
+            data = await sandbox.read_file(path, max_bytes=max_bytes)
+        except (InvalidArgument, SandboxFileError):
+            continue  # as SandboxFusion: a file that cannot be fetched is left out
+        fetched[path] = base64.b64encode(data).decode("ascii")
+    return fetched
+
+
+def _response(
+    compile_result: CommandRunResult | None,
+    run_result: CommandRunResult | None,
+    files: dict[str, str],
+) -> RunCodeResponse:
+    """SandboxFusion's ``parse_run_status``: an unlaunchable step is SandboxError; a time
+    limit or a non-zero exit is Failed; else Success."""
+    steps = [r for r in (compile_result, run_result) if r is not None]
+    status = RunStatus.SUCCESS
+    message = ""
+    errors = [r for r in steps if r.status == CommandRunStatus.ERROR]
+    if errors:
+        status, message = RunStatus.SANDBOX_ERROR, errors[0].stderr or ""
+    elif any(
+        r.status == CommandRunStatus.TIME_LIMIT_EXCEEDED or r.return_code not in (None, 0)
+        for r in steps
+    ):
+        status = RunStatus.FAILED
+    return RunCodeResponse(
+        status=status,
+        message=message,
+        compile_result=compile_result,
+        run_result=run_result,
+        files=files,
+    )

@@ -1,0 +1,553 @@
+"""SandboxFusion's ``/run_code`` on a REAL ``asyncsandbox serve`` (process backend, on
+loopback), driven by the real ``sandbox_fusion`` client (sync and async) and by verl's
+raw ``requests.post`` pattern. Neither can send a header: the API key travels in the URL
+(``http://user:KEY@host:port``, sent as HTTP Basic). Answers are compared with the same
+programs run directly through our own API (Session + ``sandbox.exec``).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+import requests
+import sandbox_fusion as sf
+from sandbox_fusion import CommandRunStatus, RunCodeRequest, RunCodeResponse, RunStatus
+
+from asyncsandbox import ExecTimeout, Session
+
+from .conftest import kill_process_sandbox_processes
+from .test_remote import ALICE, Server, _new_root
+
+# -- the programs ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lang:
+    """How the test itself runs a language through our API (independent of the server)."""
+
+    source: str
+    run: tuple[str, ...]
+    compile: tuple[str, ...] | None = None
+
+
+LANGS = {
+    "python": Lang("main.py", ("python3", "main.py")),
+    "bash": Lang("main.sh", ("bash", "main.sh")),
+    "cpp": Lang("main.cpp", ("./main",), ("g++", "-O2", "main.cpp", "-o", "main")),
+    "nodejs": Lang("main.js", ("node", "main.js")),
+    "perl": Lang("main.pl", ("perl", "main.pl")),
+}
+
+# Each reads a name on stdin and prints a greeting and a sum computed by the program.
+OK = {
+    "python": "name = input()\nprint(f'hello {name}', sum(range(10)))\n",
+    "bash": 'read name\ns=0; for i in $(seq 0 9); do s=$((s+i)); done\necho "hello $name $s"\n',
+    "cpp": (
+        "#include <iostream>\n#include <string>\nint main() { std::string name; "
+        "std::cin >> name; int s = 0; for (int i = 0; i < 10; i++) s += i; "
+        'std::cout << "hello " << name << " " << s << std::endl; }\n'
+    ),
+    "nodejs": (
+        "const name = require('fs').readFileSync(0, 'utf8').trim();\n"
+        "let s = 0; for (let i = 0; i < 10; i++) s += i;\nconsole.log(`hello ${name} ${s}`);\n"
+    ),
+    "perl": 'my $n = <STDIN>; chomp $n; my $s = 0; $s += $_ for 0..9; print "hello $n $s\\n";\n',
+}
+# Each prints something, then fails: an exception, or a non-zero exit.
+FAIL = {
+    "python": "print('before')\nraise ValueError('boom')\n",
+    "bash": "echo before\necho boom >&2\nexit 3\n",
+    "cpp": (
+        "#include <cstdio>\n#include <cstdlib>\n"
+        'int main() { puts("before"); fflush(stdout); fprintf(stderr, "boom\\n"); exit(3); }\n'
+    ),
+    "nodejs": "console.log('before');\nthrow new Error('boom');\n",
+    "perl": 'print "before\\n"; die "boom\\n";\n',
+}
+FOREVER = {
+    "python": "print('start', flush=True)\nwhile True:\n    pass\n",
+    "bash": "echo start\nwhile true; do :; done\n",
+    "cpp": (
+        '#include <cstdio>\nint main() { puts("start"); fflush(stdout); '
+        "volatile unsigned long i = 0; for (;;) i++; }\n"
+    ),
+    "nodejs": "console.log('start');\nfor (;;) {}\n",
+    "perl": '$| = 1; print "start\\n"; 1 while 1;\n',
+}
+
+
+async def run_directly(language: str, code: str, stdin: str | None) -> tuple[str, int]:
+    """The program run through our own API: (stdout, exit status)."""
+    lang = LANGS[language]
+    async with Session("process", sweep=False) as session, session.sandbox() as sandbox:
+        await sandbox.write_file(lang.source, code)
+        if lang.compile is not None:
+            compiled = await sandbox.exec(lang.compile, timeout=60)
+            assert compiled.returncode == 0, compiled.stderr_text
+        result = await sandbox.exec(lang.run, stdin=stdin, timeout=30)
+        return result.stdout_text, result.returncode
+
+
+# -- the server ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fusion_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fusion")
+
+
+@pytest.fixture(scope="module")
+def server(fusion_dir: Path) -> Iterator[Server]:
+    root = _new_root()
+    started = Server(fusion_dir / "main", root=root)
+    try:
+        yield started
+    finally:
+        started.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def keyed(server: Server, key: str = ALICE) -> str:
+    """The server's URL with the key in its userinfo, as a SandboxFusion user sets it."""
+    scheme, _, rest = server.url.partition("://")
+    return f"{scheme}://fusion:{key}@{rest}"
+
+
+@pytest.fixture
+def endpoint(server: Server) -> Iterator[str]:
+    """The fusion client pointed at the server (its module-level setting), key in the URL."""
+    url = keyed(server)
+    sf.set_sandbox_endpoint(url)
+    try:
+        yield url
+    finally:
+        sf.set_sandbox_endpoint("")
+
+
+def run(request: RunCodeRequest) -> RunCodeResponse:
+    """The real client's ``run_code`` (one attempt: a failure shows, not a retry)."""
+    response: RunCodeResponse = sf.run_code(request, max_attempts=1, client_timeout=120)
+    return response
+
+
+def wait_for(predicate: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not true after {timeout} s: {predicate}")
+        time.sleep(0.05)
+
+
+# -- languages ----------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("endpoint")
+@pytest.mark.parametrize("language", sorted(LANGS))
+async def test_a_passing_program_answers_as_our_api(language: str) -> None:
+    stdin = f"world-{uuid.uuid4().hex[:6]}\n"
+    response = await anyio.to_thread.run_sync(
+        run, RunCodeRequest(code=OK[language], language=language, stdin=stdin)
+    )
+    assert response.status == RunStatus.Success, response
+    assert response.run_result is not None
+    assert response.run_result.status == CommandRunStatus.Finished
+    assert response.run_result.stdout == f"hello {stdin.strip()} 45\n"
+    assert response.run_result.return_code == 0
+    assert response.run_result.execution_time is not None
+    assert response.run_result.execution_time > 0
+    if language == "cpp":
+        assert response.compile_result is not None
+        assert response.compile_result.status == CommandRunStatus.Finished
+        assert response.compile_result.return_code == 0
+    else:
+        assert response.compile_result is None
+    stdout, returncode = await run_directly(language, OK[language], stdin)
+    assert (response.run_result.stdout, response.run_result.return_code) == (stdout, returncode)
+
+
+@pytest.mark.usefixtures("endpoint")
+@pytest.mark.parametrize("language", sorted(LANGS))
+async def test_a_failing_program_answers_as_our_api(language: str) -> None:
+    response = await anyio.to_thread.run_sync(
+        run, RunCodeRequest(code=FAIL[language], language=language)
+    )
+    assert response.status == RunStatus.Failed, response
+    result = response.run_result
+    assert result is not None
+    assert result.status == CommandRunStatus.Finished  # the program's own failure
+    assert result.return_code not in (None, 0)
+    assert result.stdout == "before\n"
+    assert "boom" in (result.stderr or "")
+    stdout, returncode = await run_directly(language, FAIL[language], None)
+    assert (result.stdout, result.return_code) == (stdout, returncode)
+    assert sf.summary_run_code_result(response, sf.SummaryMapping(RunFailed="run failed")) == (
+        "run failed"
+    )
+
+
+@pytest.mark.usefixtures("endpoint")
+@pytest.mark.parametrize("language", sorted(LANGS))
+def test_a_program_past_its_run_timeout_is_killed(language: str) -> None:
+    response = run(
+        RunCodeRequest(code=FOREVER[language], language=language, run_timeout=1, compile_timeout=60)
+    )
+    assert response.status == RunStatus.Failed, response
+    assert response.run_result is not None
+    assert response.run_result.status == CommandRunStatus.TimeLimitExceeded
+    assert response.run_result.return_code is None  # as SandboxFusion reports it
+    assert response.run_result.stdout == "start\n"  # the output until it was killed
+    mapping = sf.SummaryMapping(RunTimeout="run timeout")
+    assert sf.summary_run_code_result(response, mapping) == "run timeout"
+
+
+async def test_our_api_times_out_the_same_program() -> None:
+    """The same program through our API: run_timeout is exec's own timeout."""
+    async with Session("process", sweep=False) as session, session.sandbox() as sandbox:
+        await sandbox.write_file("main.py", FOREVER["python"])
+        with pytest.raises(ExecTimeout) as info:
+            await sandbox.exec(["python3", "main.py"], timeout=1)
+    assert info.value.result.stdout == b"start\n"
+
+
+@pytest.mark.usefixtures("endpoint")
+def test_a_program_that_does_not_compile_fails_with_its_compile_result() -> None:
+    response = run(RunCodeRequest(code="int main() { return undefined_name; }\n", language="cpp"))
+    assert response.status == RunStatus.Failed, response
+    assert response.run_result is None
+    compiled = response.compile_result
+    assert compiled is not None
+    assert compiled.status == CommandRunStatus.Finished
+    assert compiled.return_code not in (None, 0)
+    assert "undefined_name" in (compiled.stderr or "")
+    mapping = sf.SummaryMapping(CompileFailed="compile failed")
+    assert sf.summary_run_code_result(response, mapping) == "compile failed"
+
+
+@pytest.mark.usefixtures("endpoint")
+def test_a_compile_past_its_compile_timeout() -> None:
+    code = "#include <bits/stdc++.h>\nint main() { std::cout << 1; }\n"
+    response = run(RunCodeRequest(code=code, language="cpp", compile_timeout=0.05))
+    assert response.status == RunStatus.Failed, response
+    assert response.run_result is None
+    assert response.compile_result is not None
+    assert response.compile_result.status == CommandRunStatus.TimeLimitExceeded
+    mapping = sf.SummaryMapping(CompileTimeout="compile timeout")
+    assert sf.summary_run_code_result(response, mapping) == "compile timeout"
+
+
+@pytest.mark.usefixtures("endpoint")
+def test_c_goes_as_cpp() -> None:
+    code = (
+        '#include <stdio.h>\nint main(void) { int x; scanf("%d", &x); printf("%d\\n", x * 2); }\n'
+    )
+    response = run(RunCodeRequest(code=code, language="cpp", stdin="21"))
+    assert response.status == RunStatus.Success, response
+    assert response.run_result is not None
+    assert response.run_result.stdout == "42\n"
+
+
+# -- files, memory ------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("endpoint")
+@pytest.mark.parametrize("language", ["python", "cpp"])
+def test_files_in_and_fetch_files_out(language: str) -> None:
+    data = bytes(range(256)) * 3  # not UTF-8
+    code = {
+        "python": (
+            "import helper\n"
+            "data = open('in/data.bin', 'rb').read()\n"
+            "open('out.bin', 'wb').write(data[::-1])\n"
+            "print(helper.VALUE, len(data))\n"
+        ),
+        "cpp": (
+            '#include <fstream>\n#include <iostream>\n#include <iterator>\n#include "helper.h"\n'
+            'int main() { std::ifstream in("in/data.bin", std::ios::binary);\n'
+            "  std::string d((std::istreambuf_iterator<char>(in)), {});\n"
+            '  std::ofstream out("out.bin", std::ios::binary);\n'
+            "  out << std::string(d.rbegin(), d.rend());\n"
+            '  std::cout << VALUE << " " << d.size() << std::endl; }\n'
+        ),
+    }[language]
+    helper = {"python": b"VALUE = 'seven'\n", "cpp": b'#define VALUE "seven"\n'}[language]
+    response = run(
+        RunCodeRequest(
+            code=code,
+            language=language,
+            files={
+                "in/data.bin": base64.b64encode(data).decode(),
+                "helper.py" if language == "python" else "helper.h": base64.b64encode(
+                    helper
+                ).decode(),
+            },
+            fetch_files=["out.bin", "missing.txt", "in/data.bin"],
+        )
+    )
+    assert response.status == RunStatus.Success, response
+    assert response.run_result is not None
+    assert response.run_result.stdout == f"seven {len(data)}\n"
+    assert set(response.files) == {"out.bin", "in/data.bin"}  # the missing one left out
+    assert base64.b64decode(response.files["out.bin"]) == data[::-1]
+    assert base64.b64decode(response.files["in/data.bin"]) == data
+
+
+def test_memory_limit(server: Server) -> None:
+    """verl sends memory_limit_MB (the client's model lacks it): the sandbox's limit."""
+    hog = "x = bytearray({mb} * 1024 * 1024)\nprint(len(x) // (1024 * 1024))\n"
+
+    def post(limit: int, mb: int) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "code": hog.format(mb=mb),
+            "language": "python",
+            "memory_limit_MB": limit,
+        }
+        response = requests.post(f"{keyed(server)}/run_code", json=payload, timeout=120)
+        assert response.status_code == 200, response.text
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    over = post(64, 300)
+    assert over["status"] == "Failed", over
+    assert over["run_result"]["status"] == "Finished"
+    assert over["run_result"]["return_code"] == 137  # OOM-killed, as on Docker
+    under = post(512, 300)  # the same program fits a larger limit
+    assert under["status"] == "Success", under
+    assert under["run_result"]["stdout"] == "300\n"
+
+
+# -- clients ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # aiohttp runs on asyncio only
+async def test_the_async_client(server: Server) -> None:
+    url = keyed(server)
+    requests_ = [
+        RunCodeRequest(code=OK["python"], language="python", stdin="async"),
+        RunCodeRequest(code=FAIL["bash"], language="bash"),
+        RunCodeRequest(code=OK["cpp"], language="cpp", stdin="cpp"),
+        RunCodeRequest(code=FOREVER["python"], language="python", run_timeout=1),
+    ]
+    answers: list[RunCodeResponse | None] = [None] * len(requests_)
+
+    async def one(i: int) -> None:
+        answers[i] = await sf.run_code_async(requests_[i], endpoint=url, max_attempts=1)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(requests_)):
+            tg.start_soon(one, i)
+    ok, failed, cpp, forever = answers
+    assert ok is not None
+    assert ok.status == RunStatus.Success
+    assert ok.run_result is not None
+    assert ok.run_result.stdout == "hello async 45\n"
+    assert failed is not None
+    assert failed.status == RunStatus.Failed
+    assert failed.run_result is not None
+    assert failed.run_result.return_code == 3
+    assert cpp is not None
+    assert cpp.run_result is not None
+    assert cpp.run_result.stdout == "hello cpp 45\n"
+    assert forever is not None
+    assert forever.run_result is not None
+    assert forever.run_result.status == CommandRunStatus.TimeLimitExceeded
+
+
+def test_verl_concurrent_requests(server: Server) -> None:
+    """verl's pattern: many raw ``requests.post`` from a thread pool, key in the URL."""
+    url = f"{keyed(server)}/run_code"
+
+    def call(i: int) -> tuple[int, dict[str, Any]]:
+        payload: dict[str, Any] = {
+            "compile_timeout": 10,
+            "run_timeout": 10,
+            "code": "import sys\nn = int(sys.stdin.read())\nprint(n * n)\n"
+            if i % 2
+            else f"read n\necho $((n * n))\nexit {i % 3}\n",
+            "stdin": str(i),
+            "memory_limit_MB": 1024,
+            "language": "python" if i % 2 else "bash",
+            "files": {},
+            "fetch_files": [],
+        }
+        response = requests.post(url, json=payload, timeout=120)
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"] == "application/json"
+        return i, response.json()
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(pool.map(call, range(64)))
+    assert len(results) == 64
+    for i, answer in results:
+        expected_code = 0 if i % 2 else i % 3
+        assert answer["run_result"]["stdout"] == f"{i * i}\n", (i, answer)
+        assert answer["run_result"]["return_code"] == expected_code, (i, answer)
+        assert answer["status"] == ("Success" if expected_code == 0 else "Failed"), (i, answer)
+    wait_for(lambda: not server.sandbox_dirs())  # each request's sandbox is gone
+
+
+# -- auth, errors -------------------------------------------------------------------------
+
+
+def test_auth(server: Server) -> None:
+    payload = {"code": "print(1)", "language": "python"}
+    no_key = requests.post(f"{server.url}/run_code", json=payload, timeout=60)
+    assert no_key.status_code == 401
+    assert no_key.json()["error"]["code"] == "unauthorized"
+    for wrong in ("not-a-key-of-anyone-at-all", ALICE[:-1], ""):
+        answer = requests.post(f"{keyed(server, wrong)}/run_code", json=payload, timeout=60)
+        assert answer.status_code == 401, wrong
+        bearer = requests.post(
+            f"{server.url}/run_code",
+            json=payload,
+            headers={"Authorization": f"Bearer {wrong}"},
+            timeout=60,
+        )
+        assert bearer.status_code == 401, wrong
+    with pytest.raises(Exception, match="401"):  # the client's own error for it
+        sf.run_code(RunCodeRequest(code="print(1)", language="python"), server.url, 1)
+    bearer = requests.post(
+        f"{server.url}/run_code",
+        json=payload,
+        headers={"Authorization": f"Bearer {ALICE}"},
+        timeout=60,
+    )
+    assert bearer.status_code == 200
+    assert bearer.json()["run_result"]["stdout"] == "1\n"
+    basic = requests.post(f"{server.url}/run_code", json=payload, auth=("x", ALICE), timeout=60)
+    assert basic.json()["run_result"]["stdout"] == "1\n"
+    # The key in the URL also opens our own API (the same auth).
+    info = requests.get(f"{keyed(server)}/v1/info", timeout=60)
+    assert info.json()["tenant"] == "alice"
+
+
+def test_requests_that_cannot_run_get_clear_errors(server: Server) -> None:
+    url = f"{keyed(server)}/run_code"
+    for language in ("java", "c", "cobol"):
+        answer = requests.post(url, json={"code": "", "language": language}, timeout=60)
+        assert answer.status_code == 400, answer.text
+        message = answer.json()["error"]["message"]
+        assert "bash, cpp, nodejs, perl, python" in message
+    bodies: list[dict[str, Any]] = [
+        {"language": "python"},  # no code
+        {"code": "print(1)", "language": "python", "files": {"a": "%%% not base64"}},
+        {"code": "print(1)", "language": "python", "run_timeout": -1},
+        {"code": "print(1)", "language": "python", "files": {"../../etc/x": "eA=="}},
+    ]
+    for body in bodies:
+        answer = requests.post(url, json=body, timeout=60)
+        assert answer.status_code == 400, (body, answer.text)
+        assert answer.headers["content-type"] == "application/json"
+    for path in ("/run_jupyter", "/get_prompts", "/submit", "/get_prompt_by_id"):
+        answer = requests.post(f"{keyed(server)}{path}", json={}, timeout=60)
+        assert answer.status_code == 501, (path, answer.text)
+        assert answer.json()["error"]["code"] == "not_supported"
+        assert "/run_code" in answer.json()["error"]["message"]
+    with pytest.raises(Exception, match="501"):
+        sf.run_jupyter(sf.RunJupyterRequest(cells=["1"]), keyed(server), max_attempts=1)
+
+
+def test_an_infrastructure_failure_is_sandbox_error(server: Server) -> None:
+    """The sandbox dies under the program (its processes killed from outside): ours, not
+    the program's, so SandboxError (the client raises it), not Failed."""
+    answer: dict[str, Any] = {}
+
+    def post() -> None:
+        payload = {"code": "echo started > started; sleep 60", "language": "bash"}
+        response = requests.post(f"{keyed(server)}/run_code", json=payload, timeout=120)
+        answer.update(response.json())
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    try:
+        assert server.root is not None
+        root = server.root
+        wait_for(lambda: any(root.glob("*/fs/**/started")))
+        (sandbox_id,) = server.sandbox_dirs()
+        if not kill_process_sandbox_processes(sandbox_id):
+            pytest.skip("killing a process sandbox from outside needs its cgroup (root)")
+    finally:
+        thread.join(60)
+    assert answer["status"] == "SandboxError", answer
+    assert answer["message"].startswith("infrastructure error: "), answer
+    assert answer["run_result"] is None  # no result of the program: it did not end
+    wait_for(lambda: not server.sandbox_dirs())
+
+
+@pytest.mark.usefixtures("endpoint")
+def test_the_client_raises_on_sandbox_error(server: Server) -> None:
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            run(RunCodeRequest(code="touch started; sleep 60", language="bash"))
+        except Exception as exc:  # noqa: BLE001 - what the client raises is the point
+            errors.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    try:
+        assert server.root is not None
+        root = server.root
+        wait_for(lambda: any(root.glob("*/fs/**/started")))
+        (sandbox_id,) = server.sandbox_dirs()
+        if not kill_process_sandbox_processes(sandbox_id):
+            pytest.skip("killing a process sandbox from outside needs its cgroup (root)")
+    finally:
+        thread.join(60)
+    assert len(errors) == 1
+    assert "Sandbox responded with error" in str(errors[0])
+
+
+def test_a_client_that_leaves_gets_its_sandbox_removed(server: Server) -> None:
+    """The program would run for 100 s: the client's leaving kills it and removes its
+    sandbox long before that."""
+    payload: dict[str, Any] = {
+        "code": "touch started; sleep 100",
+        "language": "bash",
+        "run_timeout": 100,
+    }
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        requests.post(f"{keyed(server)}/run_code", json=payload, timeout=3)
+    wait_for(lambda: not server.sandbox_dirs(), timeout=20)
+    metrics = requests.get(f"{server.url}/metrics", timeout=60).text
+    assert re.search(r"^asyncsandbox_remote_disconnect_kills_total [1-9]", metrics, re.MULTILINE)
+
+
+def test_quotas_apply(fusion_dir: Path) -> None:
+    """A /run_code request holds one of the tenant's max_live sandboxes while it runs."""
+    root = _new_root()
+    server = Server(fusion_dir / "quota", "--max-live-per-tenant", "1", root=root)
+    try:
+        url = f"{keyed(server)}/run_code"
+        slow = {"code": "touch started; sleep 3; echo done", "language": "bash"}
+        answers: list[requests.Response] = []
+        thread = threading.Thread(
+            target=lambda: answers.append(requests.post(url, json=slow, timeout=60))
+        )
+        thread.start()
+        try:
+            wait_for(lambda: any(root.glob("*/fs/**/started")))
+            refused = requests.post(url, json={"code": "echo", "language": "bash"}, timeout=60)
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["error"]["code"] == "quota_exceeded"
+        finally:
+            thread.join(60)
+        assert answers[0].json()["run_result"]["stdout"] == "done\n"
+        again = requests.post(url, json={"code": "echo again", "language": "bash"}, timeout=60)
+        assert again.json()["run_result"]["stdout"] == "again\n"  # the slot came back
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
