@@ -179,8 +179,18 @@ def kill_process_sandbox_processes(sandbox_id: str) -> int:
     import signal
 
     killed = 0
-    for procs in Path("/sys/fs/cgroup").glob(f"**/asyncsandbox/{sandbox_id}/cgroup.procs"):
-        for pid in procs.read_text().split():
+    # os.walk, not Path.glob("**"): cgroups come and go under the walk (the sandbox's own,
+    # once its processes are dead), and a glob fails on a directory that vanished.
+    for directory, subdirectories, _ in os.walk("/sys/fs/cgroup"):
+        path = Path(directory)
+        if path.name != sandbox_id or path.parent.name != "asyncsandbox":
+            continue
+        subdirectories.clear()
+        try:
+            pids = (path / "cgroup.procs").read_text().split()
+        except FileNotFoundError:
+            continue
+        for pid in pids:
             try:
                 os.kill(int(pid), signal.SIGKILL)
                 killed += 1
