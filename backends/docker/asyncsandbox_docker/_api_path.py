@@ -13,7 +13,7 @@ import posixpath
 import tarfile
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib.resources import files
 from typing import Any
 
@@ -31,6 +31,7 @@ from asyncsandbox.abc import ExitStatus, OutputCallback
 from asyncsandbox.log import get_logger
 
 from . import _tar
+from ._engine import Body
 from ._sandbox import Container, Path
 
 log = get_logger("asyncsandbox.docker")
@@ -51,6 +52,16 @@ class ApiPath(Path):
     def __init__(self, container: Container) -> None:
         self._container = container
         self._engine = container.engine
+
+    def _archive(self, target: str, path: str) -> AbstractAsyncContextManager[Body]:
+        """The archive endpoint's answer for ``target`` (errors name ``path``)."""
+        return self._engine.raw(
+            "GET",
+            f"containers/{self._container.name}/archive",
+            params={"path": target},
+            sandbox_id=self._container.name,
+            file_path=path,
+        )
 
     async def _new_exec(self, cmd: list[str], env: Mapping[str, str], stdin: bool) -> str:
         body = {
@@ -183,13 +194,7 @@ class ApiPath(Path):
         container's filesystem by the daemon, and trusted only if root owns it."""
         path = f"{RUN_DIR}/{token}.failed"
         try:
-            async with self._engine.raw(
-                "GET",
-                f"containers/{self._container.name}/archive",
-                params={"path": path},
-                sandbox_id=self._container.name,
-                file_path=path,
-            ) as body:
+            async with self._archive(path, path) as body:
                 archive = await body.read(MAX_FAILURE_ARCHIVE)
         except SandboxFileError:
             return None  # no record: the command's own exit status
@@ -275,13 +280,7 @@ class ApiPath(Path):
             raise SandboxFileError(
                 FileErrorReason.TOO_LARGE, path, f"{stat.get('size')} > {max_bytes} bytes"
             )
-        async with self._engine.raw(
-            "GET",
-            f"containers/{self._container.name}/archive",
-            params={"path": target},
-            sandbox_id=self._container.name,
-            file_path=path,
-        ) as body:
+        async with self._archive(target, path) as body:
             try:
                 content = await _tar.read_single(body.chunks(CHUNK), max_bytes)
             except OverflowError:  # it grew since the stat
@@ -346,11 +345,5 @@ class ApiPath(Path):
     @asynccontextmanager
     async def get_archive(self, path: str) -> AsyncIterator[AsyncIterator[bytes]]:
         target, _ = await self._file_call(self._stat(path))
-        async with self._engine.raw(
-            "GET",
-            f"containers/{self._container.name}/archive",
-            params={"path": target},
-            sandbox_id=self._container.name,
-            file_path=path,
-        ) as body:
+        async with self._archive(target, path) as body:
             yield body.chunks(CHUNK)
