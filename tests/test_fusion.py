@@ -13,7 +13,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -469,7 +469,18 @@ def test_an_infrastructure_failure_is_sandbox_error(server: Server) -> None:
         response = requests.post(f"{keyed(server)}/run_code", json=payload, timeout=120)
         answer.update(response.json())
 
-    thread = threading.Thread(target=post)
+    _kill_once_started(server, post)
+    assert answer["status"] == "SandboxError", answer
+    assert answer["message"].startswith("infrastructure error: "), answer
+    assert answer["run_result"] is None  # no result of the program: it did not end
+    wait_for(lambda: not server.sandbox_dirs())
+
+
+def _kill_once_started(server: Server, request: Callable[[], None]) -> None:
+    """Send ``request`` from a thread (its program writes ``started``, then sleeps) and,
+    once the program started, SIGKILL its sandbox's processes from outside; then wait for
+    the request to end."""
+    thread = threading.Thread(target=request)
     thread.start()
     try:
         assert server.root is not None
@@ -480,10 +491,6 @@ def test_an_infrastructure_failure_is_sandbox_error(server: Server) -> None:
             pytest.skip("killing a process sandbox from outside needs its cgroup (root)")
     finally:
         thread.join(60)
-    assert answer["status"] == "SandboxError", answer
-    assert answer["message"].startswith("infrastructure error: "), answer
-    assert answer["run_result"] is None  # no result of the program: it did not end
-    wait_for(lambda: not server.sandbox_dirs())
 
 
 @pytest.mark.usefixtures("endpoint")
@@ -496,17 +503,7 @@ def test_the_client_raises_on_sandbox_error(server: Server) -> None:
         except Exception as exc:  # noqa: BLE001 - what the client raises is the point
             errors.append(exc)
 
-    thread = threading.Thread(target=call)
-    thread.start()
-    try:
-        assert server.root is not None
-        root = server.root
-        wait_for(lambda: any(root.glob("*/fs/**/started")))
-        (sandbox_id,) = server.sandbox_dirs()
-        if not kill_process_sandbox_processes(sandbox_id):
-            pytest.skip("killing a process sandbox from outside needs its cgroup (root)")
-    finally:
-        thread.join(60)
+    _kill_once_started(server, call)
     assert len(errors) == 1
     assert "Sandbox responded with error" in str(errors[0])
 
