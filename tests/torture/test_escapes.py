@@ -527,4 +527,6 @@ async def test_disk_quota_stops_a_disk_fill(mechanism: str, root: Path) -> None:
     assert b"No space left on device" in fill.stdout, fill
     assert sum(int(x) for x in df.stdout.split()) <= 33, df  # both areas share the quota
     assert after.stdout == b"still usable\n"
-    assert grew < 16 << 20, f"the host's disk grew by {grew >> 20} MiB"
+    # Each dd writes 256 MiB: either one on the host's disk shows. (Not a tighter bound: CI
+    # runs another suite on this disk at the same time.)
+    assert grew < 128 << 20, f"the host's disk grew by {grew >> 20} MiB"
