@@ -13,10 +13,12 @@ Trust model (what a command can and cannot do to the executor):
   nor another command, so it cannot signal, trace (seccomp denies ``ptrace`` anyway) or
   read them. The executor is not dumpable, and holds the control socket close-on-exec:
   no command ever has it, so none can forge a request or an answer.
-* A command's exit status comes from the executor's ``waitpid`` of the command's own init
-  (which reaps it and forwards signals), never from anything the command says; the only
-  thing read from the command's stderr is whether it got as far as ``execve`` (the
-  launcher's protocol), and the marker is written by our code before the command exists.
+* A command's exit status comes from the command's own init (which reaps it, forwards
+  signals and kills what it left), written as its last act on a close-on-exec pipe that
+  the command never holds; or, if that init died first, from the executor's ``waitpid``
+  of it. Never from anything the command says; the only thing read from the command's
+  stderr is whether it got as far as being started (the launcher's protocol), and the
+  marker is written by our code before the command exists.
 * When the command's main process exits, its init kills what it left (the namespace
   dies with it). A timeout or a cancellation asks the executor to kill the command's init;
   if the executor does not confirm within ``Timeouts.cleanup`` it is given up (killed with

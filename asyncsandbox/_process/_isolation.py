@@ -16,7 +16,7 @@ exits 128+N); its environment never in any process's argv.
 
 One protocol for all, on the command's stderr: what the mechanism writes there before
 :data:`STARTED` is its own (why the sandbox could not be set up); the marker is written
-just before the command's ``execve``; everything after it is the command's. So a failure
+just before the command is started; everything after it is the command's. So a failure
 to set up is told apart from any exit status the command could have.
 """
 

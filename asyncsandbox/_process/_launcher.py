@@ -13,8 +13,8 @@ is never PID 1, and dies whole with its init.
 
 Like every mechanism of the backend, it speaks one protocol on stderr: whatever it writes
 there before :data:`STARTED` is its own (why the sandbox could not be set up, exit status
-125); the marker is the command's process's last act before ``execve``, so everything
-after it is the command's.
+125); the marker is init's last write before it spawns the command, so everything after
+it is the command's.
 
 Three processes, each with one job::
 
@@ -22,10 +22,12 @@ Three processes, each with one job::
       |                                    uid, creates the namespaces, waits, exits with
       |                                    the command's status
       +-- init (PID 1 of the new namespace) builds the filesystem view, pivot_root()s into
-            |                              it, reaps, forwards signals, and kills whatever
+            |                              it, sheds every capability, sets no_new_privs
+            |                              and the seccomp filter, spawns the command;
+            |                              then reaps, forwards signals, and kills whatever
             |                              the command left once it exits
-            +-- command (PID 2)            no capabilities, no_new_privs, the seccomp
-                                           filter, then execve()
+            +-- command (PID 2)            inherits all that: its own session, default
+                                           signal dispositions, then the program
 
 The launcher and init are not dumpable (the command cannot ptrace them, read their memory
 or open their file descriptors) and ``/proc`` is mounted read-only. The exit status is the
@@ -125,6 +127,7 @@ FORWARDED = (
     signal.SIGUSR1,
     signal.SIGUSR2,
 )
+DEFAULT_SIGNALS = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 STARTED = b"\0asyncsandbox:started\0"  # keep in step with _isolation.STARTED
 
@@ -393,35 +396,22 @@ COMMAND = [0]  # the command's pid, once forked
 
 
 def start(spec: Spec) -> None:
-    """Fork the command."""
+    """Shed every privilege, then spawn the command.
+
+    init sheds them itself, before the command exists (nothing it does afterwards, reaping
+    and killing in its own namespace, needs one), and the command inherits that state: so
+    the command is spawned (``posix_spawn``: no copy of this interpreter, as a ``fork``
+    would make) with only its session, signal dispositions and mask to set. (As every
+    ``posix_spawn`` of the GNU C library leaves them, the command starts with the library's
+    two reserved signals, 32 and 33, ignored; its threads library takes them over when it
+    needs them.)
+    """
     prctl(PR_SET_DUMPABLE, 0, "make init undumpable")
-    bpf = spec["seccomp"]
-    pid = os.fork()
-    if pid == 0:
-        command(spec, bpf)  # never returns
-    COMMAND[0] = pid
-
-
-def command(spec: Spec, bpf: bytes | None) -> NoReturn:
-    """In the command's process: shed every privilege, then run the program."""
-    try:
-        os.setsid()
-        prctl(PR_SET_DUMPABLE, 1, "make the command dumpable")
-        for signum in range(1, signal.NSIG):
-            if signum not in (signal.SIGKILL, signal.SIGSTOP):
-                try:
-                    signal.signal(signum, signal.SIG_DFL)
-                except (OSError, ValueError):
-                    pass
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
-        drop_capabilities(spec["cap_last_cap"])
-        prctl(PR_SET_NO_NEW_PRIVS, 1, "set no_new_privs")
-        if bpf is not None:
-            load_seccomp(bpf)  # last: the filter also binds what we do from here on
-        os.write(2, STARTED)
-    except BaseException as exc:  # noqa: BLE001 - the command never started
-        report(str(exc) if isinstance(exc, SetupError) else f"{type(exc).__name__}: {exc}")
-        os._exit(SETUP_FAILED)
+    drop_capabilities(spec["cap_last_cap"])
+    prctl(PR_SET_NO_NEW_PRIVS, 1, "set no_new_privs")
+    if spec["seccomp"] is not None:
+        load_seccomp(spec["seccomp"])  # last: the filter also binds what we do from here on
+    os.write(2, STARTED)
     # From here on, what happens is the command's outcome, reported as a shell would.
     argv, env = spec["argv"], spec["env"]
     try:
@@ -429,16 +419,19 @@ def command(spec: Spec, bpf: bytes | None) -> NoReturn:
     except OSError:
         os.write(2, f"cannot change to directory {spec['cwd']}\n".encode(errors="replace"))
         os._exit(126)
-    error = execvpe(argv, env)
-    code = 127 if error in (errno.ENOENT, errno.ENOTDIR) else 126
-    reason = "not found" if code == 127 else os.strerror(error)
-    os.write(2, f"{argv[0]}: {reason}\n".encode(errors="replace"))
-    os._exit(code)
+    pid, error = spawnvpe(argv, env)
+    if pid is None:
+        code = 127 if error in (errno.ENOENT, errno.ENOTDIR) else 126
+        reason = "not found" if code == 127 else os.strerror(error)
+        os.write(2, f"{argv[0]}: {reason}\n".encode(errors="replace"))
+        os._exit(code)
+    COMMAND[0] = pid
 
 
-def execvpe(argv: list[str], env: dict[str, str]) -> int:
-    """Run ``argv[0]`` found on the environment's PATH, as the C library's execvpe does
-    (without importing the modules ``os.execvpe`` needs); return the errno if it fails."""
+def spawnvpe(argv: list[str], env: dict[str, str]) -> tuple[int | None, int]:
+    """Spawn ``argv[0]`` found on the environment's PATH, in a session of its own with
+    every signal at its default and none blocked, as the C library's execvpe would find
+    it: ``(pid, 0)``, or ``(None, errno)`` if it cannot be run."""
     name = argv[0]
     if "/" in name:
         candidates = [name]
@@ -448,11 +441,19 @@ def execvpe(argv: list[str], env: dict[str, str]) -> int:
     error = errno.ENOENT
     for candidate in candidates:
         try:
-            os.execve(candidate, argv, env)
+            os.stat(candidate)  # a missing one costs a stat, not a failed spawn
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError:
+            pass
+        try:
+            return os.posix_spawn(
+                candidate, argv, env, setsid=True, setsigdef=DEFAULT_SIGNALS, setsigmask=()
+            ), 0
         except OSError as exc:
             if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
                 error = exc.errno or errno.EACCES  # remembered, as execvp does
-    return error
+    return None, error
 
 
 def drop_capabilities(cap_last: int) -> None:
@@ -521,8 +522,11 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
     Requests (marshal, one per SOCK_SEQPACKET record): ``{"op": "run", "id", "argv",
     "env", "cwd"}`` with the command's stdin, stdout and stderr attached (SCM_RIGHTS);
     ``{"op": "kill", "id"}``. Answers: ``{"id", "exit": status}`` once a command's
-    namespace is empty, or ``{"id", "error": message}`` if it could not be forked. A
-    command's own setup failures speak the stderr protocol (before :data:`STARTED`).
+    namespace is empty (its init says so on a pipe of its own as its last act, so the
+    answer does not wait for the kernel to tear the namespaces down; an init that dies
+    without saying it is answered for when it is reaped), or ``{"id", "error": message}``
+    if it could not be forked. A command's own setup failures speak the stderr protocol
+    (before :data:`STARTED`).
     When the backend closes the socket (or dies), every command is killed and we exit.
     """
     prctl(PR_SET_DUMPABLE, 0, "make the executor undumpable")
@@ -543,7 +547,8 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
     # leaves pid_ns_for_children pointing at it; setns() back to ours before the next one
     # (the kernel refuses a second unshare otherwise).
     own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-    running: dict[int, int] = {}  # command init pid -> request id
+    running: dict[int, int | None] = {}  # command init pid -> request id (None: answered)
+    reports: dict[int, int] = {}  # an init's status pipe (read end) -> its pid
     poller = select.poll()
     poller.register(control_fd, select.POLLIN)
     poller.register(wake_r, select.POLLIN)
@@ -581,8 +586,22 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
                         break
                     if pid == 0:
                         break
-                    if pid in running:
-                        answer({"id": running.pop(pid), "exit": exit_code(status)})
+                    request_id = running.pop(pid, None)
+                    if request_id is not None:
+                        answer({"id": request_id, "exit": exit_code(status)})
+                continue
+            if fd in reports:
+                pid = reports.pop(fd)
+                poller.unregister(fd)
+                try:
+                    said = os.read(fd, 16)
+                except OSError:
+                    said = b""
+                os.close(fd)
+                request_id = running.get(pid)
+                if said and request_id is not None:
+                    answer({"id": request_id, "exit": int(said)})
+                    running[pid] = None
                 continue
             try:
                 data, fds, _, _ = socket.recv_fds(control, 1 << 20, 3)
@@ -601,28 +620,41 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
                 continue
             try:
                 check(LIBC.setns(own_pid_ns, CLONE_NEWPID), "return to the sandbox's PID namespace")
-                pid = fork_command(spec, request, fds, (control_fd, wake_r, wake_w, own_pid_ns))
+                ours = (control_fd, wake_r, wake_w, own_pid_ns, *reports)
+                pid, report_fd = fork_command(spec, request, fds, ours)
             except (OSError, SetupError) as exc:
                 answer({"id": request["id"], "error": str(exc)})
             else:
                 running[pid] = request["id"]
+                reports[report_fd] = pid
+                poller.register(report_fd, select.POLLIN)
             finally:
                 for fd in fds:
                     os.close(fd)
 
 
-def fork_command(spec: Spec, request: dict[str, Any], fds: list[int], ours: tuple[int, ...]) -> int:
-    """Fork the init of one command, in a fresh PID namespace; return its pid."""
+def fork_command(
+    spec: Spec, request: dict[str, Any], fds: list[int], ours: tuple[int, ...]
+) -> tuple[int, int]:
+    """Fork the init of one command, in a fresh PID namespace; return its pid and the
+    read end of the pipe on which it tells the command's exit status."""
     if len(fds) != 3:
         raise SetupError(f"a command needs stdin, stdout and stderr, got {len(fds)} descriptors")
     check(LIBC.unshare(CLONE_NEWPID), "create the command's PID namespace")
-    pid = os.fork()
+    report_r, report_w = os.pipe2(os.O_CLOEXEC)  # close-on-exec: never the command's
+    try:
+        pid = os.fork()
+    except BaseException:
+        os.close(report_r)
+        os.close(report_w)
+        raise
     if pid:
-        return pid
+        os.close(report_w)
+        return pid, report_r
     # The command's init: PID 1 of its namespace, with its own /proc.
     try:
         signal.set_wakeup_fd(-1)
-        for fd in ours:
+        for fd in (*ours, report_r):
             os.close(fd)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
@@ -643,7 +675,14 @@ def fork_command(spec: Spec, request: dict[str, Any], fds: list[int], ours: tupl
     except BaseException as exc:  # noqa: BLE001 - anything here means "not started"
         report(f"{type(exc).__name__}: {exc}")
         os._exit(SETUP_FAILED)
-    os._exit(reap())
+    code = reap()  # the namespace holds no process but us now
+    for fd in (0, 1, 2):  # the command's pipes: at their end once we let go of them too
+        os.close(fd)
+    try:
+        os.write(report_w, b"%d" % code)
+    except OSError:
+        pass  # the executor is gone; so are we, in a moment
+    os._exit(code)
 
 
 if __name__ == "__main__":
