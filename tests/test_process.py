@@ -482,16 +482,24 @@ async def test_a_command_starts_clean(mechanism: str, process_root: Path) -> Non
     a session of its own) and with nothing of its launcher's power (no capability,
     no_new_privs, the seccomp filter): whatever init holds or ignores itself (the Python
     it runs in ignores SIGPIPE and SIGXFSZ; it spawns the command after shedding its
-    privileges), none of it reaches the command."""
+    privileges; the caller may ignore SIGHUP, SIGINT, SIGQUIT), none of it reaches the
+    command."""
     if reason := mechanism_unavailable(mechanism):
         pytest.skip(reason)
     options = process_options(mechanism)
-    async with session(process_root, backend_options=options) as s, s.sandbox() as sb:
-        status = await sb.exec(["cat", "/proc/self/status"])  # cat catches nothing
-        session_leader = await sb.exec(
-            ["python3", "-c", "import os; print(os.getsid(0) == os.getpid())"]
-        )
-        piped = await sb.exec(["sh", "-c", "yes | head -n 1; echo ${PIPESTATUS:-done}"])
+    # As a trainer under nohup, or in the background of a script: these ignored here.
+    inherited = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
+    saved = {signum: signal.signal(signum, signal.SIG_IGN) for signum in inherited}
+    try:
+        async with session(process_root, backend_options=options) as s, s.sandbox() as sb:
+            status = await sb.exec(["cat", "/proc/self/status"])  # cat catches nothing
+            session_leader = await sb.exec(
+                ["python3", "-c", "import os; print(os.getsid(0) == os.getpid())"]
+            )
+            piped = await sb.exec(["sh", "-c", "yes | head -n 1; echo ${PIPESTATUS:-done}"])
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
     fields = dict(line.split(":", 1) for line in status.stdout.decode().splitlines())
     seen = {
         name: value.strip()

@@ -279,9 +279,23 @@ class Bubblewrap(Mechanism):
                 os.close(fd)
             raise
         # The command itself must follow on the command line (bwrap takes it from there).
-        command = [self.executable, "--args", str(fds[-1]), "--", "/bin/sh", "-c", ENTRY]
+        command = [*_default_signals(), self.executable, "--args", str(fds[-1]), "--"]
+        command += ["/bin/sh", "-c", ENTRY]
         command += [cwd, *argv]
         return Launch([*self._host_prefix(layout, cgroups), *command], {}, fds)
+
+
+@functools.cache
+def _default_signals() -> tuple[str, ...]:
+    """A prefix that starts the command with every signal at its default: bubblewrap and
+    the shell pass on what the caller ignores (a trainer started under ``nohup``, or in the
+    background of a script, ignores SIGHUP, SIGINT and SIGQUIT), and a shell cannot undo
+    it. ``env --default-signal`` (coreutils 8.31+); nothing where it is missing."""
+    env = shutil.which("env")
+    if env is None:
+        return ()
+    probe = subprocess.run([env, "--default-signal", "true"], capture_output=True, check=False)
+    return (env, "--default-signal") if probe.returncode == 0 else ()
 
 
 class Native(Mechanism):
