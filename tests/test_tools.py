@@ -277,17 +277,19 @@ async def test_execute_bash_keeps_shell_state_and_speaks_open_instructs_format(
 
 
 async def test_bash_timeout_kills_and_reports_partial_output(process_root: Path) -> None:
-    async with process_toolbox(process_root, bash_timeout=0.5, max_bash_timeout=1) as toolbox:
+    # Limits of seconds, not fractions: on a busy machine (CI runs two suites at once) a
+    # command may take half a second to print its first line.
+    async with process_toolbox(process_root, bash_timeout=2, max_bash_timeout=3) as toolbox:
         result = await toolbox.call("bash", {"command": "echo partial; sleep 60"})
         assert result.is_error
         assert not result.infrastructure_error
         assert result.observation == (
-            "timed out after 0.5s (the command was killed); output so far:\npartial\n"
+            "timed out after 2s (the command was killed); output so far:\npartial\n"
         )
         with anyio.fail_after(30):  # asked for 600 s: lowered to the maximum
             result = await toolbox.call("bash", {"command": "sleep 60", "timeout": 600})
-        assert result.observation.startswith("timed out after 1s")
-        result = await toolbox.call("bash", {"command": "echo quick", "timeout": 0.9})
+        assert result.observation.startswith("timed out after 3s")
+        result = await toolbox.call("bash", {"command": "echo quick", "timeout": 2.9})
         assert ok(result) == "exit=0\nquick\n"
 
 
