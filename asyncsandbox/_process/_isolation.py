@@ -231,6 +231,7 @@ class Bubblewrap(Mechanism):
         super().__init__(seccomp=seccomp)
         self.executable = executable
         self.disable_userns = "--disable-userns" in _help(executable)
+        self.default_signals = _default_signals()
 
     def launch(
         self,
@@ -279,7 +280,7 @@ class Bubblewrap(Mechanism):
                 os.close(fd)
             raise
         # The command itself must follow on the command line (bwrap takes it from there).
-        command = [*_default_signals(), self.executable, "--args", str(fds[-1]), "--"]
+        command = [*self.default_signals, self.executable, "--args", str(fds[-1]), "--"]
         command += ["/bin/sh", "-c", ENTRY]
         command += [cwd, *argv]
         return Launch([*self._host_prefix(layout, cgroups), *command], {}, fds)
@@ -294,7 +295,12 @@ def _default_signals() -> tuple[str, ...]:
     env = shutil.which("env")
     if env is None:
         return ()
-    probe = subprocess.run([env, "--default-signal", "true"], capture_output=True, check=False)
+    try:
+        probe = subprocess.run(
+            [env, "--default-signal", "true"], capture_output=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
     return (env, "--default-signal") if probe.returncode == 0 else ()
 
 
