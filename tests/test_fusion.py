@@ -480,6 +480,12 @@ def test_an_infrastructure_failure_is_sandbox_error(server: Server) -> None:
     wait_for(lambda: not server.sandbox_dirs())
 
 
+def _wait_until_started(root: Path | None) -> None:
+    """Wait until a program in a sandbox under ``root`` wrote its ``started`` file."""
+    assert root is not None
+    wait_for(lambda: any(root.glob("*/fs/**/started")))
+
+
 def _kill_once_started(server: Server, request: Callable[[], None]) -> None:
     """Send ``request`` from a thread (its program writes ``started``, then sleeps) and,
     once the program started, SIGKILL its sandbox's processes from outside; then wait for
@@ -487,9 +493,7 @@ def _kill_once_started(server: Server, request: Callable[[], None]) -> None:
     thread = threading.Thread(target=request)
     thread.start()
     try:
-        assert server.root is not None
-        root = server.root
-        wait_for(lambda: any(root.glob("*/fs/**/started")))
+        _wait_until_started(server.root)
         (sandbox_id,) = server.sandbox_dirs()
         if not kill_process_sandbox_processes(sandbox_id):
             pytest.skip("killing a process sandbox from outside needs its cgroup (root)")
@@ -526,9 +530,7 @@ def test_a_client_that_leaves_gets_its_sandbox_removed(server: Server) -> None:
         body=json.dumps(payload),
         headers={"Content-Type": "application/json", "Authorization": f"Basic {credentials}"},
     )
-    assert server.root is not None
-    root = server.root
-    wait_for(lambda: any(root.glob("*/fs/**/started")))  # not before: then nothing runs
+    _wait_until_started(server.root)  # not before: then nothing runs
     assert connection.sock is not None
     connection.sock.shutdown(socket.SHUT_RDWR)
     connection.close()
@@ -550,7 +552,7 @@ def test_quotas_apply(fusion_dir: Path) -> None:
         )
         thread.start()
         try:
-            wait_for(lambda: any(root.glob("*/fs/**/started")))
+            _wait_until_started(root)
             refused = requests.post(url, json={"code": "echo", "language": "bash"}, timeout=60)
             assert refused.status_code == 429, refused.text
             assert refused.json()["error"]["code"] == "quota_exceeded"
