@@ -366,7 +366,10 @@ async def test_a_snapshot_while_commands_run_freezes_them_or_is_refused(
     async with session(process_root) as s, s.sandbox() as sandbox:
         async with anyio.create_task_group() as tg:
             tg.start_soon(sandbox.exec, ["sh", "-c", loop])
-            await anyio.sleep(0.3)
+            # Running, not merely asked for (the first command of a busy machine is slow).
+            with anyio.fail_after(30):
+                while len((await sandbox.exec(["cat", "count"])).stdout) < 100:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
             if os.geteuid() != 0:  # no cgroup freezer: a copy could be torn
                 with pytest.raises(InvalidArgument, match="freezer"):
                     await sandbox.snapshot()
