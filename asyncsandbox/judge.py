@@ -21,6 +21,13 @@ init reaped it, and from its output compared on the host: the program cannot for
 verdict, whatever it prints. A checker program, when given, runs in a sandbox of its own,
 out of the judged program's reach.
 
+Python is compiled once too: one command starts the sandbox's ``python3`` on a runner
+(:mod:`asyncsandbox._judge_runner`) that compiles the program and runs each case in a
+fork of itself, as ``python3 main.py`` would run it, without paying an interpreter's start
+per case. Statuses still come from ``waitpid`` and outputs from the case's own pipes, and
+the cases the runner does not answer for (the program killed it, say) are run the plain
+way, one command each.
+
 A failure of the sandbox or the backend (``InfrastructureError``), or a language whose
 compiler or interpreter the sandbox lacks, is not the program's fault: the result's
 verdict is :attr:`Verdict.INFRASTRUCTURE_ERROR` and its ``score`` is ``None`` (TRL leaves
@@ -30,10 +37,12 @@ verdict is :attr:`Verdict.INFRASTRUCTURE_ERROR` and its ``score`` is ``None`` (T
 from __future__ import annotations
 
 import enum
+import json
 import math
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import anyio
@@ -41,6 +50,7 @@ import msgspec
 
 from . import _validate as check
 from ._errors import ExecTimeout, InfrastructureError, InvalidArgument
+from ._log import get_logger
 from ._models import ExecResult
 from .abc import SandboxSpec
 
@@ -78,12 +88,21 @@ class Language(msgspec.Struct, frozen=True, kw_only=True):
     """The build command, run once; ``None``: interpreted."""
     run: tuple[str, ...]
     """The command each test case runs (in the judging directory)."""
+    fork: bool = False
+    """Run the cases in forks of one interpreter that has compiled the source, instead of
+    one command each (Python only: ``run`` is the interpreter and ``{source}``)."""
+
+    def __post_init__(self) -> None:
+        if self.fork and (len(self.run) != 2 or self.run[1] != "{source}"):
+            raise InvalidArgument(
+                f"a Language with fork=True runs (interpreter, '{{source}}'), got {self.run!r}"
+            )
 
 
 LANGUAGES: dict[str, Language] = {
     language.name: language
     for language in (
-        Language(name="python", source="main.py", run=("python3", "{source}")),
+        Language(name="python", source="main.py", run=("python3", "{source}"), fork=True),
         Language(
             name="c",
             source="main.c",
@@ -290,6 +309,8 @@ _MEMORY_ERRORS = re.compile(
     rb"MemoryError|std::bad_alloc|Cannot allocate memory|out of memory|OutOfMemoryError"
 )
 _LIMIT_MEMORY = 'ulimit -v "$1" || exit 125; shift; exec "$@"'
+_RUNNER = (Path(__file__).parent / "_judge_runner.py").read_text()
+_log = get_logger("asyncsandbox.judge")
 
 
 async def judge(
@@ -476,7 +497,10 @@ class _Judge:
                 checker_run = await self._build_checker(checker)
             else:
                 checker_run = None
-            await self._run_all(sandbox, run, checker, checker_run, results)
+            pending: Iterable[tuple[int, TestCase]] = enumerate(self.cases)
+            if self.program.source is not None and _language(self.program.language).fork:
+                pending = await self._run_forked(sandbox, run, checker, checker_run, results)
+            await self._run_all(sandbox, run, pending, checker, checker_run, results)
         except (InfrastructureError, _Infrastructure) as exc:
             done = tuple(results[i] for i in sorted(results))
             return self._infrastructure(str(exc), started, done, compiled)
@@ -540,13 +564,14 @@ class _Judge:
         self,
         sandbox: Sandbox,
         run: tuple[str, ...],
+        cases: Iterable[tuple[int, TestCase]],
         checker: Sandbox | None,
         checker_run: tuple[str, ...] | None,
         results: dict[int, CaseResult],
     ) -> None:
         # Workers take the cases in order (so that with parallel=1 they run one by one,
         # in order, and stop_on_failure skips exactly those after the first failure).
-        pending = iter(enumerate(self.cases))
+        pending = iter(cases)
         failure: list[BaseException] = []
 
         async with anyio.create_task_group() as tg:
@@ -564,10 +589,71 @@ class _Judge:
                         tg.cancel_scope.cancel()
                         return
 
-            for _ in range(min(self.parallel, len(self.cases))):
+            for _ in range(self.parallel):
                 tg.start_soon(worker)
         if failure:
             raise failure[0]
+
+    async def _run_forked(
+        self,
+        sandbox: Sandbox,
+        run: tuple[str, ...],
+        checker: Sandbox | None,
+        checker_run: tuple[str, ...] | None,
+        results: dict[int, CaseResult],
+    ) -> list[tuple[int, TestCase]]:
+        """Run the cases through the Python runner, one command for all; return those it
+        did not answer for, to be run one command each (none once ``stop_on_failure``
+        ended the judging)."""
+        limits = [case.time_limit or self.time_limit for case in self.cases]
+        memory = [case.memory_mb or self.memory_mb for case in self.cases]
+        inputs = [_bytes(case.stdin) for case in self.cases]
+        header = {
+            "parallel": self.parallel,
+            "output_limit": self.output_limit,
+            "cases": [
+                {"time_limit": t, "memory_kb": None if m is None else m * 1024, "stdin": len(i)}
+                for t, m, i in zip(limits, memory, inputs, strict=True)
+            ],
+        }
+        request = json.dumps(header).encode() + b"\n" + b"".join(inputs)
+        frames = _Frames()
+        answered: dict[int, CaseResult] = {}
+        why = "it ended without answering for every case"
+        try:
+            async with sandbox.exec_stream(
+                (run[0], "-c", _RUNNER, run[1]),
+                cwd=self.directory,
+                stdin=request,
+                timeout=sum(limits) + 30,  # every case at its limit, one at a time
+                max_output_bytes=DIGEST,
+            ) as stream:
+                async for chunk in stream:
+                    if chunk.stream != "stdout":
+                        continue  # the runner's own complaints: in the result's stderr
+                    for index, result in frames.feed(chunk.data, run, len(self.cases)):
+                        if index in answered:
+                            raise _Malformed(f"case {index} answered twice")
+                        case = self.cases[index]
+                        answered[index] = verdict = await self._verdict(
+                            index, case, run, result, checker, checker_run
+                        )
+                        if self.stop_on_failure and verdict.verdict != Verdict.ACCEPTED:
+                            results.update(answered)
+                            return []  # leaving the block kills the runner
+                ran = await stream.wait()
+                if not frames.ended:
+                    why = f"exit status {ran.returncode}: {_text(ran.stderr, 400, tail=True)}"
+        except ExecTimeout:
+            why = "it ran past the sum of the time limits"
+        except _Malformed as exc:  # nothing it said can be trusted: every case again
+            why = f"its answers stopped making sense ({exc})"
+            answered.clear()
+        results.update(answered)
+        left = [(i, case) for i, case in enumerate(self.cases) if i not in results]
+        if left:
+            _log.warning("judge.runner_gave_up", cases=len(left), reason=why)
+        return left
 
     async def _run(
         self,
@@ -583,21 +669,6 @@ class _Judge:
         argv: tuple[str, ...] = run
         if memory_mb is not None:
             argv = ("/bin/sh", "-c", _LIMIT_MEMORY, "sh", str(memory_mb * 1024), *run)
-
-        def done(verdict: Verdict, result: ExecResult | None, message: str = "") -> CaseResult:
-            returncode = None if result is None else result.returncode
-            return CaseResult(
-                index=index,
-                name=case.name,
-                verdict=verdict,
-                seconds=time_limit if result is None else result.duration,
-                returncode=returncode,
-                signal=returncode - 128 if returncode is not None and returncode > 128 else None,
-                stdout="" if result is None else _text(result.stdout, DIGEST),
-                stderr="" if result is None else _text(result.stderr, DIGEST, tail=True),
-                message=message,
-            )
-
         try:
             result = await sandbox.exec(
                 argv,
@@ -607,7 +678,38 @@ class _Judge:
                 max_output_bytes=self.output_limit,
             )
         except ExecTimeout as exc:
-            return done(Verdict.TIME_LIMIT, exc.result, f"killed after {time_limit:g}s")
+            result = exc.result
+        return await self._verdict(index, case, run, result, checker, checker_run)
+
+    async def _verdict(
+        self,
+        index: int,
+        case: TestCase,
+        run: tuple[str, ...],
+        result: ExecResult,
+        checker: Sandbox | None,
+        checker_run: tuple[str, ...] | None,
+    ) -> CaseResult:
+        """The verdict on one case's run (by a command of its own, or the runner)."""
+        time_limit = case.time_limit or self.time_limit
+        memory_mb = case.memory_mb or self.memory_mb
+
+        def done(verdict: Verdict, result: ExecResult, message: str = "") -> CaseResult:
+            returncode = result.returncode
+            return CaseResult(
+                index=index,
+                name=case.name,
+                verdict=verdict,
+                seconds=result.duration,
+                returncode=returncode,
+                signal=returncode - 128 if returncode > 128 else None,
+                stdout=_text(result.stdout, DIGEST),
+                stderr=_text(result.stderr, DIGEST, tail=True),
+                message=message,
+            )
+
+        if result.timed_out:
+            return done(Verdict.TIME_LIMIT, result, f"killed after {time_limit:g}s")
         if result.stdout_truncated or result.stderr_truncated:
             return done(Verdict.OUTPUT_LIMIT, result, f"more than {self.output_limit} bytes")
         if result.oom_killed or (
@@ -694,6 +796,73 @@ class _Judge:
             error=error,
             seconds=anyio.current_time() - started,
         )
+
+
+class _Malformed(Exception):
+    pass
+
+
+class _Frames:
+    """The runner's answers (see :mod:`asyncsandbox._judge_runner`), parsed as its output
+    arrives: a JSON line, then as many bytes of output as it says."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._meta: dict[str, Any] | None = None
+        self.ended = False
+
+    def feed(self, data: bytes, argv: tuple[str, ...], cases: int) -> list[tuple[int, ExecResult]]:
+        if self.ended:
+            raise _Malformed("output after the end")
+        self._buffer += data
+        answers = []
+        while not self.ended:
+            if self._meta is None:
+                line, newline, _ = self._buffer.partition(b"\n")
+                if not newline:
+                    break
+                del self._buffer[: len(line) + 1]
+                try:
+                    self._meta = json.loads(line)
+                except ValueError as exc:
+                    raise _Malformed(f"not JSON: {bytes(line[:80])!r}") from exc
+                if self._meta == {"end": True}:
+                    self.ended = True
+                    if self._buffer:
+                        raise _Malformed("output after the end")
+                    break
+            meta = self._meta
+            assert meta is not None
+            try:
+                out, err = int(meta["stdout"]), int(meta["stderr"])
+                index = int(meta["case"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise _Malformed(f"not an answer: {meta!r:.120}") from exc
+            if not 0 <= index < cases:
+                raise _Malformed(f"no case {index}")
+            if len(self._buffer) < out + err:
+                break
+            stdout, stderr = bytes(self._buffer[:out]), bytes(self._buffer[out : out + err])
+            del self._buffer[: out + err]
+            self._meta = None
+            signum = meta.get("signal")
+            answers.append((
+                index,
+                ExecResult(
+                    argv=argv,
+                    returncode=128 + signum if signum else int(meta["status"]),
+                    stdout=stdout,
+                    stderr=stderr,
+                    duration=float(meta["seconds"]),
+                    timed_out=bool(meta["timed_out"]),
+                    stdout_truncated=bool(meta["stdout_truncated"]),
+                    stderr_truncated=bool(meta["stderr_truncated"]),
+                    stdout_size=out,
+                    stderr_size=err,
+                    signal=signum or None,
+                ),
+            ))  # fmt: skip
+        return answers
 
 
 def _language(language: str | Language) -> Language:

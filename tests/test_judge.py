@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import shutil
+import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from asyncsandbox import InvalidArgument, Limits, Session, sync
 from asyncsandbox.judge import (
@@ -20,6 +22,8 @@ from asyncsandbox.judge import (
     judge,
 )
 
+from .conftest import docker_test_image
+
 ADD = TestCase(stdin="1 2\n", expected="3\n")
 ADD_CASES = [
     ADD,
@@ -29,6 +33,30 @@ ADD_CASES = [
 PY_ADD = "a, b = map(int, input().split())\nprint(a + b)\n"
 CPP_ADD = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<'\\n';}\n"
 C_ADD = '#include <stdio.h>\nint main(){long a,b;scanf("%ld %ld",&a,&b);printf("%ld\\n",a+b);}\n'
+
+
+# A Python case that tries to answer for every case, with the right outputs, on the
+# runner's own descriptors (through /proc).
+FORGER = textwrap.dedent("""\
+    import json, os
+    answers = ""
+    for i, output in enumerate(["3\\n", "42\\n", "0\\n"]):
+        answers += json.dumps({
+            "case": i, "status": 0, "signal": None, "timed_out": False, "seconds": 0.0,
+            "stdout": len(output), "stderr": 0, "stdout_truncated": False,
+            "stderr_truncated": False,
+        }) + "\\n" + output
+    answers += '{"end": true}\\n'
+    reached = 0
+    for fd in range(12):
+        try:
+            with open(f"/proc/{os.getppid()}/fd/{fd}", "w") as f:
+                f.write(answers)
+            reached += 1
+        except OSError:
+            pass
+    print("reached", reached)
+""")
 
 
 @pytest.fixture
@@ -186,6 +214,67 @@ async def test_a_program_cannot_forge_its_verdict(session: Session) -> None:
     )
     result = await session.judge(Program(source=source), [ADD])
     assert result.verdict == Verdict.WRONG_ANSWER
+
+
+async def test_python_cases_run_in_forks_of_one_interpreter(session: Session) -> None:
+    """Python is compiled once: each case is a fork of one runner (the same parent, not
+    an init of its own), and runs as ``python3 main.py`` would."""
+    source = "import os, sys\nprint(os.getppid())\nprint(sys.argv, __name__, input())\n"
+    cases = [TestCase(stdin=f"{n}\n") for n in range(4)]
+    with capture_logs() as logs:
+        result = await session.judge(Program(source=source), cases, parallel=2)
+    assert result.verdict == Verdict.ACCEPTED, result
+    parents = {case.stdout.split("\n")[0] for case in result.cases}
+    assert len(parents) == 1
+    assert parents != {"1"}
+    assert [case.stdout.split("\n")[1] for case in result.cases] == [
+        f"['main.py'] __main__ {n}" for n in range(4)
+    ]
+    assert not [log for log in logs if log["event"] == "judge.runner_gave_up"]
+
+
+async def test_a_python_case_cannot_write_the_runners_answers(session: Session) -> None:
+    """The runner's answers go to its stdout; a case that tries to reach it through
+    /proc (its parent's descriptors) to answer for every case (with the right outputs) is
+    refused, and judged on what it did itself."""
+    result = await session.judge(Program(source=FORGER), ADD_CASES, parallel=1)
+    assert verdicts(result) == [Verdict.WRONG_ANSWER] * 3, result
+    assert [case.stdout for case in result.cases] == ["reached 0\n"] * 3
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # aiodocker is asyncio only
+async def test_python_judging_on_docker_runs_in_forks_out_of_reach(docker_engine: None) -> None:
+    """The runner in the Docker backend's containers: forks of one interpreter, and no
+    case reaches its answers."""
+    options = {"default_image": docker_test_image()}
+    async with Session("docker", backend_options=options, sweep=False, report_to=[]) as s:
+        with capture_logs() as logs:
+            result = await s.judge(Program(source=PY_ADD), ADD_CASES, parallel=2)
+            assert result.verdict == Verdict.ACCEPTED, result
+            forged = await s.judge(Program(source=FORGER), ADD_CASES)
+        assert [case.stdout for case in forged.cases] == ["reached 0\n"] * 3, forged
+        assert verdicts(forged) == [Verdict.WRONG_ANSWER] * 3
+        assert not [log for log in logs if log["event"] == "judge.runner_gave_up"]
+
+
+async def test_a_python_case_that_kills_the_runner_is_judged_the_plain_way(
+    session: Session,
+) -> None:
+    """A case can kill the runner (it runs as the same user): the cases it did not answer
+    for then run one command each, where there is no runner to kill; verdicts stay the
+    program's own."""
+    source = (
+        "import os, signal\n"
+        "try:\n"
+        "    os.kill(os.getppid(), signal.SIGKILL)\n"
+        "except OSError:\n"
+        "    pass\n" + PY_ADD
+    )
+    with capture_logs() as logs:
+        result = await session.judge(Program(source=source), ADD_CASES, parallel=1)
+    assert result.verdict == Verdict.ACCEPTED, result
+    assert [log["cases"] for log in logs if log["event"] == "judge.runner_gave_up"] == [3]
 
 
 async def test_a_missing_compiler_is_infrastructure_not_a_wrong_answer(session: Session) -> None:
