@@ -535,8 +535,13 @@ def test_a_client_that_leaves_gets_its_sandbox_removed(server: Server) -> None:
     connection.sock.shutdown(socket.SHUT_RDWR)
     connection.close()
     wait_for(lambda: not server.sandbox_dirs(), timeout=20)
-    metrics = requests.get(f"{server.url}/metrics", timeout=60).text
-    assert re.search(r"^asyncsandbox_remote_disconnect_kills_total [1-9]", metrics, re.MULTILINE)
+
+    def counted() -> bool:  # once the sandbox is removed, a moment after its directory went
+        metrics = requests.get(f"{server.url}/metrics", timeout=60).text
+        killed = r"^asyncsandbox_remote_disconnect_kills_total [1-9]"
+        return re.search(killed, metrics, re.MULTILINE) is not None
+
+    wait_for(counted, timeout=20)
 
 
 def test_quotas_apply(fusion_dir: Path) -> None:

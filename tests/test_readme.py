@@ -30,5 +30,8 @@ def test_readme_example_runs(code: str) -> None:
         assert done.stdout == b"hello from trio\n"
     else:
         assert b"0 45" in done.stdout
-        # Killed at its 1 s timeout (a loaded machine may take a tenth longer to say so).
-        assert re.search(rb"timed out after 1\.[0-2] s", done.stdout), done.stdout
+        # Killed at its 1 s timeout, not before (when it says so on a busy machine, as CI's
+        # two suites at once make it, is not the example's point: 1.3 s was seen).
+        said = re.search(rb"timed out after (\d+\.\d) s", done.stdout)
+        assert said, done.stdout
+        assert float(said[1]) >= 1.0, done.stdout
