@@ -98,12 +98,12 @@ def humaneval(limit: int | None) -> list[Problem]:
             continue
         body = item["canonical_solution"]
         kind = "correct"
-        if i % 8 == 1:
+        if i in (17, 101):  # two runaways: every case runs into the time limit
+            body, kind = "    while True:\n        pass\n", "timeout"
+        elif i % 8 == 1:
             body, kind = "    return None\n", "wrong"
         elif i % 8 == 5:
             body, kind = "    raise ValueError('model bug')\n", "error"
-        elif i in (17, 101):  # two runaways: every case runs into the time limit
-            body, kind = "    while True:\n        pass\n", "timeout"
         source = item["prompt"] + body + HARNESS.format(entry=item["entry_point"])
         problems.append(Problem(item["task_id"], "python", source, tuple(cases), kind))
         if limit is not None and len(problems) >= limit:
