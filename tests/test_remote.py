@@ -50,6 +50,7 @@ from asyncsandbox import (
 )
 from asyncsandbox._process._backend import default_root
 from asyncsandbox.abc import Backend
+from asyncsandbox.judge import Checker, Language, Program, TestCase, Verdict
 from asyncsandbox.testing import CHECKS, Check
 
 from .conftest import (
@@ -557,6 +558,67 @@ async def test_tenants_through_the_backend(process_server: Server) -> None:
         assert await bob.delete(ids=[str(sb.id)]) == [str(sb.id)]  # "gone" for bob: not found
         assert [i.id for i in await alice.list(tags=["private"])] == [sb.id]
         assert (await sb.exec(["true"])).returncode == 0
+
+
+async def test_judging_happens_on_the_server_in_one_request(process_server: Server) -> None:
+    """session.judge on a remote session: one POST /v1/judge, not a round trip per case;
+    verdicts, a checker in its own sandbox, bytes and a custom language cross the wire."""
+    add = "a, b = map(int, input().split())\nprint(a + b)\n"
+    cases = [
+        TestCase(stdin="1 2\n", expected="3\n"),
+        TestCase(stdin=b"40 2\n", expected=b"42\n", name="bytes"),
+        TestCase(stdin="1 1\n", expected="3\n"),  # the program is right: a wrong case
+        TestCase(stdin="x\n", expected="0\n"),
+    ]
+    judged, execs = _answered(process_server, "judge"), _answered(process_server, "exec")
+    async with Session(process_server.backend(ALICE)(), sweep=False, report_to=[]) as s:
+        result = await s.judge(Program(source=add), cases, parallel=2)
+        assert [c.verdict for c in result.cases] == [
+            Verdict.ACCEPTED,
+            Verdict.ACCEPTED,
+            Verdict.WRONG_ANSWER,
+            Verdict.RUNTIME_ERROR,
+        ]
+        assert result.score == 0.5
+        assert result.cases[1].name == "bytes"
+        shell = Language(name="sh", source="main.sh", run=("sh", "{source}"))
+        any_order = Checker(
+            program=Program(
+                source="import sys\nf = lambda i: sorted(open(sys.argv[i]).read().split())\n"
+                "sys.exit(0 if f(2) == f(3) else 1)\n"
+            )
+        )
+        checked = await s.judge(
+            Program(source="echo 2 1", language=shell),
+            [TestCase(expected="1 2"), TestCase(expected="1 3")],
+            comparison=any_order,
+        )
+        assert [c.verdict for c in checked.cases] == [Verdict.ACCEPTED, Verdict.WRONG_ANSWER]
+    assert _answered(process_server, "judge").get("200", 0) == judged.get("200", 0) + 2
+    assert _answered(process_server, "exec") == execs
+
+
+def test_judge_requests_are_checked(process_server: Server) -> None:
+    program = {"source": "print(1)"}
+    bad = [
+        {"program": program, "cases": []},
+        {"program": {"source": "x", "command": ["true"]}, "cases": [{}]},
+        {"program": program, "cases": [{}], "comparison": "checker"},
+        {"program": program, "cases": [{}], "comparison": "nearly"},
+        {"program": {"source": "x", "language": "cobol"}, "cases": [{}]},
+        {"program": program, "cases": [{"time_limit": 0}]},
+        {"program": program, "cases": [{}], "sandbox": {"network": "bridge"}},
+    ]
+    with process_server.client() as client:
+        for body in bad:
+            answer = client.post("/v1/judge", json=body)
+            assert answer.status_code == 400, (body, answer.text)
+            assert answer.json()["error"]["code"] == "invalid_argument", answer.text
+        ok = client.post("/v1/judge", json={"program": program, "cases": [{"expected": "MQo="}]})
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["verdict"] == "accepted"
+    with process_server.client(None) as client:
+        assert client.post("/v1/judge", json={"program": program, "cases": [{}]}).status_code == 401
 
 
 async def test_fork_and_snapshots_through_the_server(process_server: Server) -> None:

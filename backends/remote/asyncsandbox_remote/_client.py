@@ -61,6 +61,7 @@ from asyncsandbox.abc import (
     SandboxHandle,
     SandboxSpec,
 )
+from asyncsandbox.judge import JudgeRequest, JudgeResult
 from asyncsandbox.log import get_logger
 
 from . import _wire as w
@@ -99,6 +100,10 @@ def _error_body(response: httpx.Response) -> w.ErrorBody | None:
         return w.ERROR.decode(response.content).error
     except msgspec.DecodeError:
         return None
+
+
+def _bytes(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else value
 
 
 def _reason(value: str | None) -> FileErrorReason:
@@ -243,6 +248,7 @@ class _Api:
         params: Any = None,
         content: Any = None,
         headers: Mapping[str, str] | None = None,
+        read_timeout: float | None = None,
     ) -> httpx.Response:
         """Send a request once and return the answer, whatever its status. With
         ``reconnect`` (a call the runtime does not retry), a connection that could not be
@@ -251,8 +257,13 @@ class _Api:
         attempt = 0
         while True:
             attempt += 1
+            timeout = self.client.timeout
+            if read_timeout is not None:
+                timeout = httpx.Timeout(
+                    connect=timeout.connect, read=read_timeout, write=timeout.write, pool=None
+                )
             request = self.client.build_request(
-                method, path, params=params, content=content, headers=headers
+                method, path, params=params, content=content, headers=headers, timeout=timeout
             )
             try:
                 return await self.client.send(request, stream=stream)
@@ -280,6 +291,7 @@ class _Api:
         params: Any = None,
         content: Any = None,
         headers: Mapping[str, str] | None = None,
+        read_timeout: float | None = None,
     ) -> httpx.Response:
         """A unary call: the answer, read whole; error answers raise mapped errors."""
         response = await self.send(
@@ -290,6 +302,7 @@ class _Api:
             params=params,
             content=content,
             headers=headers,
+            read_timeout=read_timeout,
         )
         if response.status_code >= 400:
             raise self.error(response, sandbox_id)
@@ -538,10 +551,9 @@ class RemoteBackend(Backend):
         self._leased.add(description.id)
         return RemoteSandbox(self, description)
 
-    async def create(self, spec: SandboxSpec) -> SandboxHandle:
-        key = uuid.uuid4().hex
+    def _create_body(self, spec: SandboxSpec) -> w.CreateSandbox:
         res = spec.resources
-        body = w.CreateSandbox(
+        return w.CreateSandbox(
             image=spec.image,
             env=dict(spec.env),
             workdir=spec.workdir,
@@ -552,6 +564,57 @@ class RemoteBackend(Backend):
             lease_seconds=self._lease_seconds,
             snapshot=spec.snapshot,
         )
+
+    async def judge(self, request: JudgeRequest) -> JudgeResult:
+        """The whole judgement on the server, in one request (``POST /v1/judge``): the
+        cases run where the sandbox is, with no round trip each."""
+        body = w.JudgeBody(
+            program=request.program,
+            cases=[
+                w.JudgeCase(
+                    stdin=_bytes(case.stdin),
+                    expected=None if case.expected is None else _bytes(case.expected),
+                    time_limit=case.time_limit,
+                    memory_mb=case.memory_mb,
+                    name=case.name,
+                )
+                for case in request.cases
+            ],
+            comparison=cast(Any, request.comparison),
+            float_tolerance=request.float_tolerance,
+            checker=request.checker,
+            time_limit=request.time_limit,
+            memory_mb=request.memory_mb,
+            stop_on_failure=request.stop_on_failure,
+            parallel=request.parallel,
+            compile_timeout=request.compile_timeout,
+            output_limit=request.output_limit,
+            sandbox=w.CreateSandbox()
+            if request.sandbox is None
+            else self._create_body(request.sandbox),
+        )
+        # The server enforces every limit; wait as long as they may take, one case at a
+        # time (a checker's run counts as another case), the builds, and a margin.
+        per_case = 5 if request.checker is not None else 1
+        cases = sum(case.time_limit or request.time_limit for case in request.cases)
+        budget = 2 * request.compile_timeout + per_case * cases + 60
+        response = await self.api.call(
+            "POST",
+            "/v1/judge",
+            what="judge",
+            reconnect=False,  # not idempotent: a lost answer is an infrastructure error
+            content=w.JUDGE.encode(body),
+            headers=JSON_HEADERS,
+            read_timeout=budget,
+        )
+        try:
+            return w.JUDGE_RESULT.decode(response.content)
+        except msgspec.DecodeError as exc:
+            raise InfrastructureError(f"invalid answer to judge: {exc}") from None
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        key = uuid.uuid4().hex
+        body = self._create_body(spec)
         api = self.api
         try:
             response = await api.send(

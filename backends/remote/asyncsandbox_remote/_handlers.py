@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 from asyncsandbox import (
     ExecResult,
     ExecTimeout,
+    InvalidArgument,
     Resources,
     SandboxClosed,
     SandboxDied,
@@ -35,10 +36,11 @@ from asyncsandbox import (
     SandboxNotFound,
     SandboxStatus,
 )
+from asyncsandbox.judge import JudgeRequest, JudgeResult, TestCase, judge
 from asyncsandbox.log import get_logger
 
 from . import _wire as w
-from ._errors import HttpError, bad_request, error_for, not_found
+from ._errors import CLIENT_CLOSED_REQUEST, HttpError, bad_request, error_for, not_found
 from ._openapi import openapi
 from ._streaming import (
     RequestBody,
@@ -122,6 +124,29 @@ class Handlers:
 
     # -- sandboxes ------------------------------------------------------------
 
+    def _sandbox_arguments(self, tenant: TenantState, spec: w.CreateSandbox) -> dict[str, Any]:
+        """``Session.sandbox`` arguments for a tenant's sandbox as ``spec`` asks, once this
+        server allows it."""
+        if spec.network != "none" and not (
+            spec.network == "host" and self.config.allow_host_network
+        ):
+            raise bad_request(f"network={spec.network!r} is not allowed on this server")
+        res = spec.resources
+        arguments: dict[str, Any] = {
+            "image": spec.image,
+            "env": spec.env,
+            "workdir": spec.workdir,
+            "resources": Resources(cpus=res.cpus, memory_mb=res.memory_mb, pids=res.pids),
+            "network": spec.network,
+            "max_lifetime": spec.max_lifetime,
+            "tags": (tenant.tag,),
+        }
+        if spec.snapshot is not None:
+            if spec.snapshot not in tenant.snapshots:
+                raise bad_request(f"no snapshot {spec.snapshot!r} of this tenant")
+            arguments["from_snapshot"] = spec.snapshot
+        return arguments
+
     async def create_sandbox(self, request: Request) -> Response:
         tenant = self.tenancy.authenticate(request)
         key = request.headers.get("idempotency-key")
@@ -140,27 +165,8 @@ class Handlers:
         if self.server.closing:
             raise HttpError(503, "shutting_down", "the server is shutting down", retryable=True)
         self.tenancy.check_live_quota(tenant)
-        if spec.network != "none" and not (
-            spec.network == "host" and self.config.allow_host_network
-        ):
-            raise bad_request(f"network={spec.network!r} is not allowed on this server")
-        res = spec.resources
-        snapshot: dict[str, Any] = {}
-        if spec.snapshot is not None:
-            if spec.snapshot not in tenant.snapshots:
-                raise bad_request(f"no snapshot {spec.snapshot!r} of this tenant")
-            snapshot = {"from_snapshot": spec.snapshot}
         try:
-            sandbox = self.server.session.sandbox(
-                **snapshot,
-                image=spec.image,
-                env=spec.env,
-                workdir=spec.workdir,
-                resources=Resources(cpus=res.cpus, memory_mb=res.memory_mb, pids=res.pids),
-                network=spec.network,
-                max_lifetime=spec.max_lifetime,
-                tags=(tenant.tag,),
-            )
+            sandbox = self.server.session.sandbox(**self._sandbox_arguments(tenant, spec))
         except SandboxError as exc:
             raise error_for(exc) from None
         lease = min(spec.lease_seconds or self.config.lease_seconds, self.config.max_lease_seconds)
@@ -312,6 +318,60 @@ class Handlers:
             w.LEASES,
             w.Leases(renewed=renewed, missing=missing, lease_seconds=self.config.lease_seconds),
         )
+
+    # -- judging --------------------------------------------------------------
+
+    async def judge(self, request: Request) -> Response:
+        tenant = self.tenancy.authenticate(request)
+        body = await decode(request, w.JUDGE, self.config.max_request_bytes)
+        if self.server.closing:
+            raise HttpError(503, "shutting_down", "the server is shutting down", retryable=True)
+        arguments = self._sandbox_arguments(tenant, body.sandbox)
+        try:
+            comparison = JudgeRequest(
+                program=body.program,
+                cases=(),
+                comparison=body.comparison,
+                float_tolerance=body.float_tolerance,
+                checker=body.checker,
+            ).comparison_value()
+        except InvalidArgument as exc:
+            raise bad_request(str(exc)) from None
+        cases = [
+            TestCase(
+                stdin=case.stdin,
+                expected=case.expected,
+                time_limit=case.time_limit,
+                memory_mb=case.memory_mb,
+                name=case.name,
+            )
+            for case in body.cases
+        ]
+        result: JudgeResult | None = None
+
+        async def work() -> None:
+            nonlocal result
+            result = await judge(
+                self.server.session,
+                body.program,
+                cases,
+                comparison=comparison,
+                time_limit=body.time_limit,
+                memory_mb=body.memory_mb,
+                stop_on_failure=body.stop_on_failure,
+                parallel=body.parallel,
+                compile_timeout=body.compile_timeout,
+                output_limit=body.output_limit,
+                sandbox=arguments,
+            )
+
+        async with self.tenancy.ephemeral(tenant):
+            if await until_disconnect(request.receive, work):
+                self.metrics.disconnect_kills += 1
+                log.info("remote.judge.disconnected", tenant=tenant.name)
+        if result is None:  # the client left: nobody reads this
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        return json_response(w.JUDGE_RESULT, result)
 
     # -- commands -------------------------------------------------------------
 

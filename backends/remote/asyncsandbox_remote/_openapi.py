@@ -9,6 +9,8 @@ from typing import Any
 
 import msgspec
 
+from asyncsandbox.judge import JudgeResult
+
 from . import _wire as w
 
 __all__ = ("OPERATIONS", "Operation", "Param", "openapi")
@@ -329,6 +331,19 @@ OPERATIONS: tuple[Operation, ...] = (
         answer=TAR,
         errors=(400, 401, 403, 404, 409, 410, 429),
         tags=("files",),
+    ),
+    Operation(
+        "judge",
+        "POST",
+        "/v1/judge",
+        "Judge a program on test cases in a fresh sandbox, removed afterwards: compile "
+        "once, run every case, answer typed verdicts and a score (a failure of the sandbox "
+        "is the verdict infrastructure_error, score null). A client that disconnects kills "
+        "the cases.",
+        body=w.JudgeBody,
+        answer=JudgeResult,
+        errors=(400, 401, 413, 429, 503),
+        tags=("judging",),
     ),
     Operation(
         "metrics",
