@@ -18,6 +18,7 @@ import secrets
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -596,6 +597,38 @@ async def test_judging_happens_on_the_server_in_one_request(process_server: Serv
         assert [c.verdict for c in checked.cases] == [Verdict.ACCEPTED, Verdict.WRONG_ANSWER]
     assert _answered(process_server, "judge").get("200", 0) == judged.get("200", 0) + 2
     assert _answered(process_server, "exec") == execs
+
+
+def test_a_judge_client_that_leaves_gets_its_cases_killed(
+    make_server: Callable[..., Server],
+) -> None:
+    """The cases would run for 100 s: the client's leaving, once they run, kills them and
+    removes the judging sandbox long before that."""
+    server = make_server()
+    program = "import pathlib, time\npathlib.Path('started').touch()\ntime.sleep(100)\n"
+    body = msgspec.json.encode({"program": {"source": program}, "cases": [{}], "time_limit": 100})
+    url = httpx.URL(server.url)
+    with socket.create_connection((url.host, url.port), timeout=60) as connection:
+        connection.sendall(
+            b"POST /v1/judge HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            + f"authorization: Bearer {ALICE}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        assert server.root is not None
+        deadline = time.monotonic() + 30
+        while not any(server.root.glob("*/fs/**/started")):
+            assert time.monotonic() < deadline, "the case never started"
+            time.sleep(0.05)
+        connection.shutdown(socket.SHUT_RDWR)
+    deadline = time.monotonic() + 20
+    while server.sandbox_dirs() or "disconnect_kills_total 1" not in _metrics(server):
+        assert time.monotonic() < deadline, (server.sandbox_dirs(), _metrics(server))
+        time.sleep(0.05)
+
+
+def _metrics(server: Server) -> str:
+    with server.client(None) as client:
+        return client.get("/metrics").text
 
 
 def test_judge_requests_are_checked(process_server: Server) -> None:
