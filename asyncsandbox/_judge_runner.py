@@ -85,7 +85,7 @@ def case_stdin(inputs: int, offset: int, size: int) -> int:
     return stdin
 
 
-def write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes | bytearray) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -220,7 +220,7 @@ def kill(case: Case) -> None:
             pass
 
 
-def answer(case: Case) -> None:
+def answer(case: Case) -> bytes:
     status, out, err = case.status, case.outputs["stdout"], case.outputs["stderr"]
     assert status is not None
     meta = {
@@ -234,7 +234,7 @@ def answer(case: Case) -> None:
         "stdout_truncated": out.truncated,
         "stderr_truncated": err.truncated,
     }
-    write_all(1, json.dumps(meta).encode() + b"\n" + out.data + err.data)
+    return json.dumps(meta).encode() + b"\n" + out.data + err.data
 
 
 def main() -> None:
@@ -257,6 +257,10 @@ def main() -> None:
     pending = [Case(i, spec) for i, spec in enumerate(request["cases"])]
     pending.reverse()
     running: dict[int, Case] = {}  # by pid
+    # Answers wait here until stdout takes them: a reader that falls behind must never
+    # stop this loop from enforcing the other cases' time limits.
+    outbox = bytearray()
+    os.set_blocking(1, False)
     readers: dict[int, Case] = {}  # by the fd of one of its pipes
     while pending or running:
         while pending and len(running) < request["parallel"]:
@@ -267,6 +271,8 @@ def main() -> None:
         timeout = max(0.0, min(c.deadline for c in running.values()) - time.monotonic())
         poller = select.poll()
         poller.register(wake_r, select.POLLIN)
+        if outbox:
+            poller.register(1, select.POLLOUT)
         for fd in readers:
             poller.register(fd, select.POLLIN)
         try:
@@ -274,6 +280,12 @@ def main() -> None:
         except InterruptedError:
             ready = []
         for fd, _ in ready:
+            if fd == 1:
+                try:
+                    del outbox[: os.write(1, outbox)]
+                except BlockingIOError:
+                    pass
+                continue
             if fd == wake_r:
                 try:
                     while os.read(wake_r, 512):
@@ -320,8 +332,9 @@ def main() -> None:
                     del readers[fd], case.open[fd]
             if case.done():
                 del running[case.pid]
-                answer(case)
-    write_all(1, b'{"end": true}\n')
+                outbox += answer(case)
+    os.set_blocking(1, True)
+    write_all(1, outbox + b'{"end": true}\n')
 
 
 if __name__ == "__main__":

@@ -258,6 +258,31 @@ async def test_python_judging_on_docker_runs_in_forks_out_of_reach(docker_engine
         assert not [log for log in logs if log["event"] == "judge.runner_gave_up"]
 
 
+async def test_a_slow_reader_never_stretches_a_time_limit(session: Session) -> None:
+    """The host reads the runner's answers at its own pace (here a checker that takes 3 s
+    on the first answer, while big answers pile up behind it); the runner still kills
+    the case that sleeps past its 1 s limit on time, whatever it is waiting to write."""
+    program = Program(
+        source=(
+            "import sys, time\n"
+            "case = input()\n"
+            "if case == 'slow':\n    time.sleep(1.5)\n    print('done')\n"
+            "else:\n    sys.stdout.write('x' * 900_000)\n"
+        )
+    )
+    checker = Checker(
+        program=Program(
+            source="import sys, time\n"
+            "if open(sys.argv[1]).read() == 'big 0\\n':\n    time.sleep(3)\n"
+        )
+    )
+    cases = [TestCase(stdin="big 0\n"), TestCase(stdin="slow\n", time_limit=1)]
+    cases += [TestCase(stdin=f"big {n}\n") for n in range(1, 6)]
+    result = await session.judge(program, cases, comparison=checker, parallel=2, time_limit=30)
+    assert result.cases[1].verdict == Verdict.TIME_LIMIT, result.cases[1]
+    assert [c.verdict for c in result.cases if c.index != 1] == [Verdict.ACCEPTED] * 6
+
+
 async def test_a_python_case_that_kills_the_runner_is_judged_the_plain_way(
     session: Session,
 ) -> None:
