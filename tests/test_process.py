@@ -172,16 +172,18 @@ async def test_memory_limit_oom_kills_the_command_not_the_sandbox(process_root: 
 @needs_cgroups
 async def test_fork_bomb_is_contained(process_root: Path) -> None:
     defaults = SandboxDefaults(resources=Resources(pids=64))
-    bomb = "b() { b | b & }; b"
+    bomb = "b() { b | b & }; (b)"
     async with session(process_root, defaults=defaults) as s, s.sandbox() as sb:
         await sb.exec(["true"])
         group = sb._handle._cgroup  # type: ignore[union-attr]
         assert group is not None
         resident = group._pids()  # the sandbox's executor, on the fast path; else nothing
         with pytest.raises(ExecTimeout):
-            # `exec`: a shell that forks for `sleep` once the bomb filled the pids limit
-            # exits at once ("Cannot fork") instead of timing out.
-            await sb.exec(["sh", "-c", bomb + "; exec sleep 100"], timeout=3)
+            # The shell forks once, before the bomb goes off, then `exec`s: a shell that
+            # forks again once the bomb filled the pids limit (for `sleep`, or for the
+            # second half of the bomb's first pipeline: dash forks each member itself)
+            # exits at once ("Cannot fork", status 2) instead of timing out.
+            await sb.exec(["sh", "-c", bomb + " & exec sleep 100"], timeout=3)
         after = await sb.exec(["echo", "still here"], timeout=10)
         assert after.stdout == b"still here\n"
         # Nothing is left of the bomb: the processes killed with the exec are gone once

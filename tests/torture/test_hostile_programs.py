@@ -53,9 +53,10 @@ def record(program: str, target: Target, outcome: str) -> None:
 
 
 async def test_fork_bomb(target: Target) -> None:
-    # The shell itself never forks again once the bomb is lit (exec): with the pids limit
-    # reached, a fork of its own would fail and end the command at once (dash: status 2).
-    bomb = "b() { b | b & }; b; exec sleep 100"
+    # The shell forks once, before the bomb goes off (a subshell lights it), then execs:
+    # with the pids limit reached, a fork of its own (dash forks each member of the bomb's
+    # first pipeline itself) would fail and end the command at once (status 2).
+    bomb = "b() { b | b & }; (b) & exec sleep 100"
     async with target.session(resources=Resources(pids=64)) as s, s.sandbox() as sb:
         started = time.monotonic()
         with pytest.raises(ExecTimeout):
