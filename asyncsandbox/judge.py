@@ -41,7 +41,7 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -497,7 +497,7 @@ class _Judge:
                 checker_run = await self._build_checker(checker)
             else:
                 checker_run = None
-            pending: Iterable[tuple[int, TestCase]] = enumerate(self.cases)
+            pending = list(enumerate(self.cases))
             if self.program.source is not None and _language(self.program.language).fork:
                 pending = await self._run_forked(sandbox, run, checker, checker_run, results)
             await self._run_all(sandbox, run, pending, checker, checker_run, results)
@@ -564,7 +564,7 @@ class _Judge:
         self,
         sandbox: Sandbox,
         run: tuple[str, ...],
-        cases: Iterable[tuple[int, TestCase]],
+        cases: list[tuple[int, TestCase]],
         checker: Sandbox | None,
         checker_run: tuple[str, ...] | None,
         results: dict[int, CaseResult],
@@ -589,7 +589,7 @@ class _Judge:
                         tg.cancel_scope.cancel()
                         return
 
-            for _ in range(self.parallel):
+            for _ in range(min(self.parallel, len(cases))):
                 tg.start_soon(worker)
         if failure:
             raise failure[0]
@@ -605,8 +605,7 @@ class _Judge:
         """Run the cases through the Python runner, one command for all; return those it
         did not answer for, to be run one command each (none once ``stop_on_failure``
         ended the judging)."""
-        limits = [case.time_limit or self.time_limit for case in self.cases]
-        memory = [case.memory_mb or self.memory_mb for case in self.cases]
+        limits, memory = zip(*map(self._limits, self.cases), strict=True)
         inputs = [_bytes(case.stdin) for case in self.cases]
         header = {
             "parallel": self.parallel,
@@ -617,7 +616,7 @@ class _Judge:
             ],
         }
         request = json.dumps(header).encode() + b"\n" + b"".join(inputs)
-        frames = _Frames()
+        frames = _Frames(run, len(self.cases))
         answered: dict[int, CaseResult] = {}
         why = "it ended without answering for every case"
         try:
@@ -631,7 +630,7 @@ class _Judge:
                 async for chunk in stream:
                     if chunk.stream != "stdout":
                         continue  # the runner's own complaints: in the result's stderr
-                    for index, result in frames.feed(chunk.data, run, len(self.cases)):
+                    for index, result in frames.feed(chunk.data):
                         if index in answered:
                             raise _Malformed(f"case {index} answered twice")
                         case = self.cases[index]
@@ -655,6 +654,10 @@ class _Judge:
             _log.warning("judge.runner_gave_up", cases=len(left), reason=why)
         return left
 
+    def _limits(self, case: TestCase) -> tuple[float, int | None]:
+        """The case's time and memory limits: its own, else the judgement's."""
+        return case.time_limit or self.time_limit, case.memory_mb or self.memory_mb
+
     async def _run(
         self,
         sandbox: Sandbox,
@@ -664,8 +667,7 @@ class _Judge:
         checker: Sandbox | None,
         checker_run: tuple[str, ...] | None,
     ) -> CaseResult:
-        time_limit = case.time_limit or self.time_limit
-        memory_mb = case.memory_mb or self.memory_mb
+        time_limit, memory_mb = self._limits(case)
         argv: tuple[str, ...] = run
         if memory_mb is not None:
             argv = ("/bin/sh", "-c", _LIMIT_MEMORY, "sh", str(memory_mb * 1024), *run)
@@ -691,8 +693,7 @@ class _Judge:
         checker_run: tuple[str, ...] | None,
     ) -> CaseResult:
         """The verdict on one case's run (by a command of its own, or the runner)."""
-        time_limit = case.time_limit or self.time_limit
-        memory_mb = case.memory_mb or self.memory_mb
+        time_limit, memory_mb = self._limits(case)
 
         def done(verdict: Verdict, result: ExecResult, message: str = "") -> CaseResult:
             returncode = result.returncode
@@ -806,12 +807,14 @@ class _Frames:
     """The runner's answers (see :mod:`asyncsandbox._judge_runner`), parsed as its output
     arrives: a JSON line, then as many bytes of output as it says."""
 
-    def __init__(self) -> None:
+    def __init__(self, argv: tuple[str, ...], cases: int) -> None:
+        self._argv = argv  # what each case ran, as its results say
+        self._cases = cases
         self._buffer = bytearray()
         self._meta: dict[str, Any] | None = None
         self.ended = False
 
-    def feed(self, data: bytes, argv: tuple[str, ...], cases: int) -> list[tuple[int, ExecResult]]:
+    def feed(self, data: bytes) -> list[tuple[int, ExecResult]]:
         if self.ended:
             raise _Malformed("output after the end")
         self._buffer += data
@@ -838,7 +841,7 @@ class _Frames:
                 index = int(meta["case"])
             except (KeyError, TypeError, ValueError) as exc:
                 raise _Malformed(f"not an answer: {meta!r:.120}") from exc
-            if not 0 <= index < cases:
+            if not 0 <= index < self._cases:
                 raise _Malformed(f"no case {index}")
             if len(self._buffer) < out + err:
                 break
@@ -849,7 +852,7 @@ class _Frames:
             answers.append((
                 index,
                 ExecResult(
-                    argv=argv,
+                    argv=self._argv,
                     returncode=128 + signum if signum else int(meta["status"]),
                     stdout=stdout,
                     stderr=stderr,
