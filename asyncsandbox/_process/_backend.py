@@ -10,7 +10,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Self
@@ -20,7 +20,6 @@ import anyio.abc
 import anyio.to_thread
 import msgspec
 from anyio import TypedAttributeSet, typed_attribute
-from anyio.abc import ByteReceiveStream
 
 from .. import _validate as check
 from .._errors import (
@@ -44,10 +43,9 @@ from ..abc import (
 )
 from . import _layout, _overlay, _state
 from ._cgroups import Cgroups, SandboxCgroup
-from ._executor import Executor, ExecutorGone, Pipe, pump
+from ._executor import Executor, ExecutorGone
 from ._isolation import (
     MODES,
-    ChunkSource,
     IsolationUnavailable,
     LaunchOutput,
     Mechanism,
@@ -60,11 +58,11 @@ from ._isolation import (
     userns_problem,
 )
 from ._layout import READ_ONLY_PREFIXES, HostIds, Layout, rmtree
+from ._spawn import Child, Pipe, feed, pump, spawn
 from ._uids import DEFAULT_RANGE, UidPool
 
 __all__ = ("ProcessAttributes", "ProcessBackend")
 
-READ_CHUNK = 256 * 1024
 UNISOLATED_PIPE_GRACE = 1.0
 LAUNCHER_EXIT_GRACE = 3.0
 ISOLATION_ENV = "ASYNCSANDBOX_PROCESS_ISOLATION"
@@ -666,7 +664,7 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         self._layout = layout
         self._meta = meta
         self._cgroup = cgroup
-        self._processes: set[anyio.abc.Process] = set()
+        self._processes: set[Child] = set()
         self._removed = False
         self._executor: Executor | None = None
         self._executor_lock = anyio.Lock()
@@ -711,11 +709,19 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         with anyio.move_on_after(
             float("inf") if expires is None else expires - time.time()
         ) as lifetime:
-            executor = await self._executor_or_none()
-            if executor is not None:
-                returncode = await self._exec_fast(executor, argv, cwd, env, stdin, on_output)
-            else:
-                returncode = await self._exec_launched(argv, cwd, env, stdin, on_output)
+            async with self._started(argv, cwd, env, stdin is not None) as run:
+                with single_error():
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(pump, run.stdout, "stdout", on_output)
+                        tg.start_soon(pump, run.stderr, "stderr", on_output)
+                        if stdin is not None:
+                            assert run.stdin is not None
+                            tg.start_soon(feed, run.stdin, stdin)
+                        returncode = await run.wait()
+                        if not self._backend.mechanism.isolated:
+                            # No PID namespace: stop waiting for pipes that escaped
+                            # children may hold open. Otherwise every pipe is at its end.
+                            tg.cancel_scope.deadline = anyio.current_time() + UNISOLATED_PIPE_GRACE
         if lifetime.cancelled_caught:
             raise SandboxDied(self.id, "max lifetime exceeded")
         oom = self._cgroup is not None and self._cgroup.oom_kills() > oom_before
@@ -723,55 +729,20 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
             returncode = 128 - returncode
         return ExitStatus(returncode=returncode, signal=9 if oom else None, oom_killed=oom)
 
-    async def _exec_launched(
-        self,
-        argv: tuple[str, ...],
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        on_output: OutputCallback,
-    ) -> int:
-        """The per-command path: a launcher builds the sandbox around this command."""
-        async with self._spawn(argv, cwd=cwd, env=env, stdin=stdin is not None) as (
-            process,
-            stderr,
-        ):
-            with single_error():
-                async with anyio.create_task_group() as tg:
-                    assert process.stdout is not None
-                    tg.start_soon(_pump, _Stream(process.stdout), "stdout", on_output)
-                    tg.start_soon(_pump, stderr, "stderr", on_output)
-                    if stdin is not None:
-                        tg.start_soon(_feed, process, stdin)
-                    returncode = await process.wait()
-                    if not self._backend.mechanism.isolated:
-                        # No PID namespace: kill what is left of the process group and
-                        # stop waiting for pipes that escaped children may hold open.
-                        with contextlib.suppress(ProcessLookupError, PermissionError):
-                            os.killpg(process.pid, 9)
-                        tg.cancel_scope.deadline = anyio.current_time() + UNISOLATED_PIPE_GRACE
-                    # Otherwise the namespace died with its PID 1: every pipe is at EOF.
-        return returncode
-
-    async def _exec_fast(
-        self,
-        executor: Executor,
-        argv: tuple[str, ...],
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        on_output: OutputCallback,
-    ) -> int:
-        """The fast path: the sandbox's resident executor forks the command."""
-        async with self._run_on(executor, argv, cwd, env, stdin is not None) as run:
-            with single_error():
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(pump, run.stdout, "stdout", on_output)
-                    tg.start_soon(_pump, run.stderr, "stderr", on_output)
-                    if run.stdin is not None and stdin is not None:
-                        tg.start_soon(_feed_pipe, run.stdin, stdin)
-                    returncode = await executor.wait(run.command)
-        return returncode
+    @asynccontextmanager
+    async def _started(
+        self, argv: Sequence[str], cwd: str, env: Mapping[str, str], stdin: bool
+    ) -> AsyncIterator[_Run]:
+        """A command, once started: forked by the sandbox's executor (the fast path), or
+        by a launcher that builds the sandbox around it. Killed, with all it started, if
+        the block exits before it ended."""
+        executor = await self._executor_or_none()
+        if executor is not None:
+            async with self._run_on(executor, argv, cwd, env, stdin) as run:
+                yield run
+        else:
+            async with self._launched(argv, cwd, env, stdin) as run:
+                yield run
 
     @asynccontextmanager
     async def _run_on(
@@ -787,12 +758,13 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
             if stdin
             else (os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1)
         )
-        run = _Run(Pipe(out_r), LaunchOutput(Pipe(err_r)), Pipe(in_w) if in_w >= 0 else None)
+        run = _Run(Pipe(out_r), Pipe(err_r), Pipe(in_w) if in_w >= 0 else None)
         try:
             try:
                 run.command = await executor.run(
                     argv, cwd=cwd, env=self._layout.env(env), stdin=in_r, stdout=out_w, stderr=err_w
                 )
+                run.exited = functools.partial(executor.wait, run.command)
             except ExecutorGone as exc:
                 # The command was never handed over: a new executor may run it.
                 await self._drop_executor(executor)
@@ -845,12 +817,11 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
                 self._layout, control=theirs.fileno(), cgroups=self._cgroup_files
             )
             try:
-                process = await anyio.open_process(
+                process = spawn(
                     launch.argv,
-                    stdin=-3,  # DEVNULL
                     env=launch.env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                    start_new_session=True,
                     pass_fds=[*launch.fds, theirs.fileno()],
+                    stdin=False,
                 )
             finally:
                 launch.close()
@@ -863,8 +834,7 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         ours.setblocking(False)
         executor = Executor(process, ours)
         try:
-            assert process.stderr is not None
-            output = LaunchOutput(_Stream(process.stderr))
+            output = LaunchOutput(process.stderr)
             if not await output.started():
                 returncode = await process.wait()
                 self._check_alive()
@@ -906,13 +876,13 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
     # -- the per-command path --------------------------------------------------------------
 
     @asynccontextmanager
-    async def _spawn(
-        self, argv: tuple[str, ...], *, cwd: str, env: Mapping[str, str], stdin: bool
-    ) -> AsyncIterator[tuple[anyio.abc.Process, LaunchOutput]]:
-        """A launched command, once it started (its setup done, its program being
-        executed), with its stderr. It is SIGKILLed (with all it started) if the block
-        exits before it ended, by an error or by cancellation. Raise :class:`LaunchError`
-        if it could not be set up: then it never ran."""
+    async def _launched(
+        self, argv: Sequence[str], cwd: str, env: Mapping[str, str], stdin: bool
+    ) -> AsyncIterator[_Run]:
+        """A command with a launcher of its own, once it started (its setup done, its
+        program being executed). It is SIGKILLed (with all it started) if the block exits
+        before it ended, by an error or by cancellation. Raise :class:`LaunchError` if it
+        could not be set up: then it never ran."""
         self._check_alive()
         try:
             launch = self._backend.mechanism.launch(
@@ -921,26 +891,36 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
         try:
-            process = await anyio.open_process(
+            process = spawn(
                 launch.argv,
-                stdin=-1 if stdin else -3,  # subprocess.PIPE / DEVNULL
                 env=launch.env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                start_new_session=True,
                 pass_fds=launch.fds,
+                stdin=stdin,
             )
         finally:
             launch.close()
         self._processes.add(process)
+        isolated = self._backend.mechanism.isolated
+
+        async def exited() -> int:
+            returncode = await process.wait()
+            if not isolated:  # no PID namespace: kill what is left of its process group
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+            return returncode
+
+        run = _Run(process.stdout, process.stderr, process.stdin)
+        run.exited = exited
         try:
-            assert process.stderr is not None
-            stderr = LaunchOutput(_Stream(process.stderr))
-            if not await stderr.started():
+            if not await run.stderr.started():
                 returncode = await process.wait()
                 self._check_alive()  # the sandbox removed or expired under the launch
-                raise self._launch_error(returncode, stderr.launcher_output)
-            if stderr.launcher_output:
-                get_logger().debug("process.launcher.output", output=stderr.launcher_output[-2000:])
-            yield process, stderr
+                raise self._launch_error(returncode, run.stderr.launcher_output)
+            if run.stderr.launcher_output:
+                get_logger().debug(
+                    "process.launcher.output", output=run.stderr.launcher_output[-2000:]
+                )
+            yield run
         finally:
             # Shielded and bounded: every process of the command must be dead before we
             # return, even when our caller is being cancelled.
@@ -974,23 +954,12 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         self, script: str, args: Sequence[str], *, stdin: bool
     ) -> AsyncIterator[ShellProcess]:
         argv = ("/bin/sh", "-c", script, "sh", *args)
-        env = {"LC_ALL": "C"}
-        executor = await self._executor_or_none()
-        collected = bytearray()
-        if executor is not None:
-            async with self._run_on(executor, argv, "/", env, stdin) as run:
-                with single_error():
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(_drain, run.stderr, collected)
-                        yield _PipeScript(executor, run, collected)
-                        tg.cancel_scope.cancel()
-            return
-        async with self._spawn(argv, cwd="/", env=env, stdin=stdin) as (process, stderr):
-            assert process.stdout is not None
+        async with self._started(argv, "/", {"LC_ALL": "C"}, stdin) as run:
+            started = _Script(run)
             with single_error():
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(_drain, stderr, collected)
-                    yield _Script(process, collected)
+                    tg.start_soon(started.read_stderr)
+                    yield started
                     tg.cancel_scope.cancel()
 
     def shell_path(self, path: str) -> str:
@@ -1085,24 +1054,25 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
 
 
 class _Run:
-    """A command run by the executor: its pipes, and its request."""
+    """A started command: our ends of its pipes, and its exit status to wait for."""
 
-    def __init__(self, stdout: Pipe, stderr: LaunchOutput, stdin: Pipe | None) -> None:
+    def __init__(self, stdout: Pipe, stderr: Pipe, stdin: Pipe | None) -> None:
         self.stdout = stdout
-        self.stderr = stderr
+        self.stderr = LaunchOutput(stderr)
         self.stdin = stdin
-        self.command: Any = None
+        self._pipes = (stdout, stderr, stdin)
+        self.command: Any = None  # the executor's request, on the fast path
+        self.exited: Callable[[], Awaitable[int]] | None = None
+
+    async def wait(self) -> int:
+        """Its exit status, once every process of it is gone."""
+        assert self.exited is not None
+        return await self.exited()
 
     def close(self) -> None:
-        self.stdout.close()
-        self.stderr_pipe_close()
-        if self.stdin is not None:
-            self.stdin.close()
-
-    def stderr_pipe_close(self) -> None:
-        source = self.stderr._source
-        if isinstance(source, Pipe):
-            source.close()
+        for pipe in self._pipes:
+            if pipe is not None:
+                pipe.close()
 
 
 def _children(pid: int) -> list[int]:
@@ -1113,7 +1083,7 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-async def _terminate(process: anyio.abc.Process) -> None:
+async def _terminate(process: Child) -> None:
     """Kill a launched command and everything in its PID namespace; return once all died.
 
     Our child is the launcher (bwrap or unshare); its child is the namespace's PID 1.
@@ -1137,49 +1107,27 @@ async def _terminate(process: anyio.abc.Process) -> None:
 
 
 class _Script:
-    """A file-operation script (:class:`ShellProcess`) over an anyio process."""
+    """A file-operation script (:class:`ShellProcess`): a started command whose stderr
+    (its first 4 KiB) says why it failed. Run :meth:`read_stderr` alongside."""
 
-    def __init__(self, process: anyio.abc.Process, stderr: bytearray) -> None:
-        self._process = process
-        self._stderr = stderr
-
-    async def send(self, data: bytes) -> None:
-        assert self._process.stdin is not None
-        await self._process.stdin.send(data)
-
-    async def close_stdin(self) -> None:
-        if self._process.stdin is not None:
-            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                await self._process.stdin.aclose()
-
-    def __aiter__(self) -> _Script:
-        return self
-
-    async def __anext__(self) -> bytes:
-        assert self._process.stdout is not None
-        chunk = await _Stream(self._process.stdout).receive()
-        if chunk is None:
-            raise StopAsyncIteration
-        return chunk
-
-    async def wait(self) -> tuple[int, bytes]:
-        returncode = await self._process.wait()
-        return returncode, bytes(self._stderr)
-
-
-class _PipeScript:
-    """A file-operation script (:class:`ShellProcess`) run by the sandbox's executor."""
-
-    def __init__(self, executor: Executor, run: _Run, stderr: bytearray) -> None:
-        self._executor = executor
+    def __init__(self, run: _Run) -> None:
         self._run = run
-        self._stderr = stderr
+        self._stderr = bytearray()
+        self._stderr_read = anyio.Event()
+
+    async def read_stderr(self) -> None:
+        try:
+            while (chunk := await self._run.stderr.receive()) is not None:
+                self._stderr.extend(chunk[: max(0, 4096 - len(self._stderr))])
+        finally:
+            self._stderr_read.set()
 
     async def send(self, data: bytes) -> None:
-        if self._run.stdin is None or self._run.stdin.fd is None:
+        stdin = self._run.stdin
+        if stdin is None or stdin.closed:
             raise anyio.ClosedResourceError
         try:
-            await self._run.stdin.send(data)
+            await stdin.send(data)
         except BrokenPipeError:
             raise anyio.BrokenResourceError from None
 
@@ -1187,7 +1135,7 @@ class _PipeScript:
         if self._run.stdin is not None:
             self._run.stdin.close()
 
-    def __aiter__(self) -> _PipeScript:
+    def __aiter__(self) -> _Script:
         return self
 
     async def __anext__(self) -> bytes:
@@ -1198,49 +1146,9 @@ class _PipeScript:
 
     async def wait(self) -> tuple[int, bytes]:
         await self.close_stdin()
-        returncode = await self._executor.wait(self._run.command)
+        returncode = await self._run.wait()
+        # Its stderr is at its end now (none of its processes is left), but the exit status
+        # may have come first: its reason must not be judged on half of what it said.
+        with anyio.move_on_after(UNISOLATED_PIPE_GRACE):
+            await self._stderr_read.wait()
         return returncode, bytes(self._stderr)
-
-
-class _Stream:
-    """An anyio byte stream read as chunks, None at its end."""
-
-    def __init__(self, stream: ByteReceiveStream) -> None:
-        self._stream = stream
-
-    async def receive(self) -> bytes | None:
-        try:
-            return await self._stream.receive(READ_CHUNK)
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            return None
-
-
-async def _pump(source: ChunkSource, name: Any, on_output: OutputCallback) -> None:
-    while (chunk := await source.receive()) is not None:
-        await on_output(name, chunk)
-
-
-async def _drain(source: ChunkSource, into: bytearray) -> None:
-    while (chunk := await source.receive()) is not None:
-        into.extend(chunk[: max(0, 4096 - len(into))])
-
-
-async def _feed(process: anyio.abc.Process, data: bytes) -> None:
-    assert process.stdin is not None
-    try:
-        for offset in range(0, len(data), READ_CHUNK):
-            await process.stdin.send(data[offset : offset + READ_CHUNK])
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-        pass  # the command exited without reading all its input: not an error
-    finally:
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await process.stdin.aclose()
-
-
-async def _feed_pipe(pipe: Pipe, data: bytes) -> None:
-    try:
-        await pipe.send(data)
-    except BrokenPipeError:
-        pass  # the command exited without reading all its input: not an error
-    finally:
-        pipe.close()

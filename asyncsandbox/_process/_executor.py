@@ -35,18 +35,14 @@ from __future__ import annotations
 import array
 import contextlib
 import marshal
-import os
 import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
-import anyio.abc
 
 from .._errors import InfrastructureError, LaunchError
-from ..abc import OutputCallback
-
-READ_CHUNK = 256 * 1024
+from ._spawn import Child, Watched
 
 
 class ExecutorGone(InfrastructureError):
@@ -63,9 +59,10 @@ class _Command:
 class Executor:
     """The host side of one sandbox's resident executor."""
 
-    def __init__(self, process: anyio.abc.Process, control: socket.socket) -> None:
+    def __init__(self, process: Child, control: socket.socket) -> None:
         self.process = process
         self._control = control
+        self._watched = Watched(control.fileno(), control.close)
         self._commands: dict[int, _Command] = {}
         self._next_id = 0
         self._send_lock = anyio.Lock()
@@ -83,13 +80,12 @@ class Executor:
     async def serve(self) -> None:
         """Read the executor's answers until it goes (run in a task group)."""
         try:
-            while True:
+            while await self._watched.readable():
                 try:
-                    await anyio.wait_readable(self._control)
                     data = self._control.recv(1 << 16)
                 except BlockingIOError:
                     continue
-                except (OSError, anyio.ClosedResourceError) as exc:
+                except OSError as exc:
                     self._give_up(f"the control socket failed: {exc!r}")
                     return
                 if not data:
@@ -171,7 +167,7 @@ class Executor:
                     self._control.sendmsg([data], ancillary)
                     return
                 except BlockingIOError:
-                    await anyio.wait_writable(self._control)
+                    await self._watched.writable()  # closed: _check() says why
                 except OSError as exc:
                     self._give_up(f"the control socket failed: {exc}")
                     self._check()
@@ -183,9 +179,7 @@ class Executor:
     async def aclose(self) -> None:
         """Stop the executor (it kills every command) and reap it."""
         self._give_up("the executor was closed")
-        anyio.notify_closing(self._control)  # wakes our reader (ClosedResourceError)
-        with contextlib.suppress(OSError):
-            self._control.close()
+        self._watched.close()  # wakes our reader, then closes it
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(5):
                 await self.process.wait()
@@ -193,50 +187,3 @@ class Executor:
                 with contextlib.suppress(ProcessLookupError):
                     self.process.kill()
             await self.process.aclose()
-
-
-class Pipe:
-    """One end of a pipe, read or written without blocking the event loop (asyncio and
-    trio alike, through ``anyio.wait_readable``/``wait_writable``)."""
-
-    def __init__(self, fd: int) -> None:
-        os.set_blocking(fd, False)
-        self.fd: int | None = fd
-
-    async def receive(self) -> bytes | None:
-        """A chunk, or None at end of stream."""
-        while self.fd is not None:
-            try:
-                data = os.read(self.fd, READ_CHUNK)
-            except BlockingIOError:
-                try:
-                    await anyio.wait_readable(self.fd)
-                except anyio.ClosedResourceError:
-                    return None
-                continue
-            return data or None
-        return None
-
-    async def send(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view and self.fd is not None:
-            try:
-                written = os.write(self.fd, view)
-            except BlockingIOError:
-                try:
-                    await anyio.wait_writable(self.fd)
-                except anyio.ClosedResourceError:
-                    return
-                continue
-            view = view[written:]
-
-    def close(self) -> None:
-        if self.fd is not None:
-            fd, self.fd = self.fd, None
-            anyio.notify_closing(fd)  # wakes a task waiting on it (ClosedResourceError)
-            os.close(fd)
-
-
-async def pump(pipe: Pipe, name: Any, on_output: OutputCallback) -> None:
-    while (chunk := await pipe.receive()) is not None:
-        await on_output(name, chunk)
