@@ -1016,8 +1016,7 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         # /dev/shm with them), each launched command, whatever else is in the cgroup.
         await self.stop_executor()
         for process in list(self._processes):
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
+            process.kill()
         with anyio.fail_after(self._backend.timeouts.cleanup):
             for process in list(self._processes):
                 await process.wait()  # a launcher's namespace dies with it, and all in it
@@ -1047,8 +1046,7 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         self._removed = True
         await self.stop_executor()
         for process in list(self._processes):
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
+            process.kill()
         await anyio.to_thread.run_sync(self._backend._remove_sync, self.id, self._cgroup)
         self._backend._handles.pop(self.id, None)
 
@@ -1101,8 +1099,7 @@ async def _terminate(process: Child) -> None:
             with anyio.move_on_after(LAUNCHER_EXIT_GRACE):
                 await process.wait()
         if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
+            process.kill()
     await process.aclose()
 
 

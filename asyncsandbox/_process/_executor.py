@@ -184,6 +184,5 @@ class Executor:
             with anyio.move_on_after(5):
                 await self.process.wait()
             if self.process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    self.process.kill()
+                self.process.kill()
             await self.process.aclose()
