@@ -678,3 +678,30 @@ async def test_a_pipe_closed_under_its_reader_leaves_its_number_alone() -> None:
     second.close()
     for fd in (first_w, second_w):
         os.close(fd)
+
+
+@pytest.mark.parametrize("mechanism", PROCESS_MECHANISMS)
+async def test_an_exit_status_reaped_by_someone_else_is_an_error_never_a_zero(
+    mechanism: str, process_root: Path
+) -> None:
+    """With SIGCHLD ignored (some libraries do it to avoid zombies) the kernel reaps our
+    launchers itself and their exit status is gone: ``Popen.poll`` then says 0, and a
+    failing command passed. The executor's commands report through its socket and keep
+    their status; a launcher's is an InfrastructureError."""
+    if reason := mechanism_unavailable(mechanism):
+        pytest.skip(reason)
+    async with (
+        session(process_root, backend_options=process_options(mechanism)) as s,
+        s.sandbox() as sb,
+    ):
+        await sb.exec(["true"])  # the executor (if any) started while SIGCHLD is default
+        previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        try:
+            if mechanism == "executor":
+                assert (await sb.exec(["sh", "-c", "exit 3"])).returncode == 3
+            else:
+                with pytest.raises(InfrastructureError, match="exit status is lost"):
+                    await sb.exec(["sh", "-c", "exit 3"])
+        finally:
+            signal.signal(signal.SIGCHLD, previous)
+        assert (await sb.exec(["sh", "-c", "exit 3"])).returncode == 3

@@ -24,6 +24,7 @@ from anyio import TypedAttributeSet, typed_attribute
 from .. import _validate as check
 from .._errors import (
     BackendUnavailable,
+    InfrastructureError,
     InvalidArgument,
     LaunchError,
     SandboxDied,
@@ -907,6 +908,13 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
             if not isolated:  # no PID namespace: kill what is left of its process group
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(process.pid, signal.SIGKILL)
+            if process.status_lost:
+                raise InfrastructureError(
+                    f"sandbox {self.id}: the command's exit status is lost: something else "
+                    "in this process reaped its launcher (SIGCHLD is ignored here, or a "
+                    "library waits for every child with waitpid(-1)); leave SIGCHLD at its "
+                    "default"
+                )
             return returncode
 
         run = _Run(process.stdout, process.stderr, process.stdin)

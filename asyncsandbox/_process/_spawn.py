@@ -28,6 +28,7 @@ from ..abc import OutputCallback
 from ._isolation import ChunkSource
 
 READ_CHUNK = 256 * 1024
+LOST = 255  # the exit status of a child that something else reaped (asyncio's figure too)
 _POLL_INTERVAL = 0.01  # where the kernel has no pidfds (before Linux 5.3)
 
 
@@ -140,6 +141,7 @@ class Child:
         else:
             self._pidfd = Watched(pidfd, functools.partial(os.close, pidfd))
         self._watching: anyio.Event | None = None
+        self.status_lost = False
 
     @property
     def returncode(self) -> int | None:
@@ -148,7 +150,7 @@ class Child:
 
     async def wait(self) -> int:
         """Its exit status, once it exited (any number of tasks may wait)."""
-        while (code := self._popen.poll()) is None:
+        while (code := self._poll()) is None:
             watching = self._watching
             if watching is not None:  # another task watches the pidfd (one may, at a time)
                 await watching.wait()
@@ -166,13 +168,28 @@ class Child:
             self._pidfd.close()
         return code
 
+    def _poll(self) -> int | None:
+        """Its exit status if it exited (reaping it), else None; :data:`LOST` (and
+        :attr:`status_lost`) if something else in this process reaped it, where
+        ``Popen.poll`` would say 0 for a status nobody can know."""
+        if self._popen.returncode is None:
+            try:
+                exited = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # SIGCHLD ignored, or someone's waitpid(-1)
+                self.status_lost = True
+                self._popen.returncode = LOST
+            else:
+                if exited is None:
+                    return None
+        return self._popen.poll()
+
     def kill(self) -> None:
         """SIGKILL it (never another process that took its pid: the pidfd names it)."""
         pidfd = self._pidfd.fd if self._pidfd is not None else None
         if pidfd is not None:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        elif self._popen.poll() is None:
+        elif self._popen.returncode is None:
             self._popen.kill()
 
     async def aclose(self) -> None:
