@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -180,7 +181,6 @@ async def test_fork_bomb_is_contained(process_root: Path) -> None:
         await sb.exec(["true"])
         group = sb._handle._cgroup  # type: ignore[union-attr]
         assert group is not None
-        resident = group._pids()  # the sandbox's executor, on the fast path; else nothing
         with pytest.raises(ExecTimeout):
             # The shell forks once, before the bomb goes off, then `exec`s: a shell that
             # forks again once the bomb filled the pids limit (for `sleep`, or for the
@@ -190,12 +190,24 @@ async def test_fork_bomb_is_contained(process_root: Path) -> None:
         after = await sb.exec(["echo", "still here"], timeout=10)
         assert after.stdout == b"still here\n"
         # Nothing is left of the bomb: the processes killed with the exec are gone once
-        # the kernel has reaped them, without anyone killing them again.
+        # the kernel has reaped them, without anyone killing them again. (What stays, on
+        # the fast path: the sandbox's executor and its idle command inits.)
         for _ in range(200):
-            if group._pids() <= resident:
+            if not commands_in(group._pids()):
                 break
             await anyio.sleep(0.05)
-        assert group._pids() <= resident, "processes of the bomb outlived their exec"
+        assert not commands_in(group._pids()), "processes of the bomb outlived their exec"
+
+
+def commands_in(pids: set[int]) -> list[bytes]:
+    """The command lines of these processes, but the process backend's own."""
+    found = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"_launcher.py" not in argv:
+                found.append(argv)
+    return found
 
 
 # -- cancellation and crash safety --------------------------------------------------------
@@ -460,24 +472,48 @@ def fast_session(root: Path, **options: object) -> Session:
 
 
 async def test_fast_path_commands_live_in_namespaces_of_their_own(process_root: Path) -> None:
-    """Each command is PID 2 of its own PID namespace, with its own /proc: it sees neither
-    the executor nor the sandbox's other commands (but their files, as one episode)."""
+    """Each command runs in a PID namespace of its own, under an init of its own, with its
+    own /proc: it sees neither the executor nor the sandbox's other commands (but their
+    files, as one episode), and is never PID 1. An init whose command ended runs the next
+    one only once nothing of the last is left (a daemon it started included)."""
     marker = f"1000.{uuid.uuid4().int % 10**8}"
     listing = "import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
+    mine = "import os; print([1, os.getpid()])"
     async with fast_session(process_root) as s, s.sandbox() as sb:
         assert sb.extra(ProcessAttributes.fast_path)
         async with anyio.create_task_group() as tg:
             tg.start_soon(sb.exec, ["sh", "-c", f"echo shared > /tmp/f; exec sleep {marker}"])
             while not processes_with(marker):  # noqa: ASYNC110 - polling the host
                 await anyio.sleep(0.02)
-            seen = await sb.exec(["python3", "-c", listing])
             shared = await sb.exec(["cat", "/tmp/f"])
-            me = await sb.exec(["sh", "-c", "echo $$"])
+            daemon = await sb.exec(["sh", "-c", f"setsid sleep {marker}.5 & echo $$"])
+            assert processes_with(f"{marker}.5") == []  # gone before the exec returned
+            seen = [await sb.exec(["python3", "-c", f"{listing}; {mine}"]) for _ in range(3)]
             tg.cancel_scope.cancel()
-    assert seen.stdout == b"[1, 2]\n", seen  # its init and itself
     assert shared.stdout == b"shared\n"
-    assert me.stdout == b"2\n"
+    assert daemon.stdout.strip() not in (b"", b"1"), daemon
+    for each in seen:
+        procs, expected, _ = each.stdout.split(b"\n")
+        assert procs == expected, each  # its init and itself
+        assert procs != b"[1, 1]"
     assert processes_with(marker) == []
+
+
+async def test_a_command_cannot_leave_its_scheduling_to_the_next(process_root: Path) -> None:
+    """A command may renice its init, or pin it to one CPU (same user: no capability
+    needed); the next command must not inherit that from an init it shares."""
+    meddle = (
+        "import os; os.setpriority(os.PRIO_PROCESS, 1, 7);"
+        " os.sched_setaffinity(1, {min(os.sched_getaffinity(1))})"
+    )
+    look = "import os; print(os.getpriority(os.PRIO_PROCESS, 0), len(os.sched_getaffinity(0)))"
+    cpus = len(os.sched_getaffinity(0))
+    async with fast_session(process_root) as s, s.sandbox() as sb:
+        for _ in range(3):
+            done = await sb.exec(["python3", "-c", meddle])
+            assert done.returncode == 0, done
+            seen = await sb.exec(["python3", "-c", look])
+            assert seen.stdout == f"0 {cpus}\n".encode(), seen
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])

@@ -3,26 +3,37 @@
 Without it, every command builds the sandbox's namespaces and filesystem view afresh (a
 launcher per command, ~10-25 ms). With it, the native launcher builds them once, when the
 sandbox first runs something, and stays as the sandbox's init (``_launcher.serve``): a
-command then costs a fork in the sandbox plus one message each way on a control socket,
-and its output goes straight from the command to us through pipes it was handed.
+command then costs a ``posix_spawn`` in the sandbox plus a few messages on sockets (a fork
+only when no command init is idle), and its output goes straight from the command to us
+through pipes it was handed.
 
 Trust model (what a command can and cannot do to the executor):
 
 * The executor is PID 1 of the sandbox's PID namespace; every command runs in a PID and
-  mount namespace of its own below it, with its own ``/proc``: it cannot see the executor,
-  nor another command, so it cannot signal, trace (seccomp denies ``ptrace`` anyway) or
-  read them. The executor is not dumpable, and holds the control socket close-on-exec:
-  no command ever has it, so none can forge a request or an answer.
-* A command's exit status comes from the command's own init (which reaps it, forwards
-  signals and kills what it left), written as its last act on a close-on-exec pipe that
-  the command never holds; or, if that init died first, from the executor's ``waitpid``
-  of it. Never from anything the command says; the only thing read from the command's
-  stderr is whether it got as far as being started (the launcher's protocol), and the
-  marker is written by our code before the command exists.
-* When the command's main process exits, its init kills what it left (the namespace
-  dies with it). A timeout or a cancellation asks the executor to kill the command's init;
-  if the executor does not confirm within ``Timeouts.cleanup`` it is given up (killed with
-  every command of the sandbox) and the sandbox goes on through a new one.
+  mount namespace of its own below it, with its own ``/proc``, under an init of its own
+  (PID 1 there): it cannot see the executor, nor another command, so it cannot signal,
+  trace (seccomp denies ``ptrace`` anyway) or read them. The executor and the inits are
+  not dumpable, and hold their sockets close-on-exec: no command ever has one, so none
+  can forge a request or an answer.
+* A command init runs one command at a time. Once its command has exited and it has
+  killed and reaped everything the command left, its namespace holds nothing but itself;
+  only then does it say the command's exit status, and only then may the executor hand it
+  the sandbox's next command (a command costs a message and a ``posix_spawn`` then, not a
+  fork of an interpreter and a new namespace). It shed its capabilities and loaded the
+  seccomp filter before its first command, so it holds nothing a command lacks; a
+  command cannot change its namespaces (no capability, no mount, no ``setns``) and only
+  the signals it handles reach it (it forwards them to the command). So the next command
+  finds what a fresh init would give it, but a higher PID.
+* A command's exit status comes from its init (which reaps it, forwards signals and kills
+  what it left), written on a close-on-exec socket that the command never holds; or, if
+  that init died first, from the executor's ``waitpid`` of it. Never from anything the
+  command says; the only thing read from the command's stderr is whether it got as far
+  as being started (the launcher's protocol), and the marker is written by our code
+  before the command exists.
+* A timeout or a cancellation asks the executor to kill the command's init (and with it
+  the namespace, and everything in it); if the executor does not confirm within
+  ``Timeouts.cleanup`` it is given up (killed with every command of the sandbox) and the
+  sandbox goes on through a new one.
 * The sandbox's files, ``/tmp``, ``/dev/shm`` and network namespace are shared by its
   commands (as in a container): one episode, one trust domain. Between sandboxes nothing
   is shared, exactly as on the per-command path.

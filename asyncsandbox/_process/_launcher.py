@@ -7,9 +7,10 @@ the spec, one JSON object, readable from ``SPEC_FD``.
 
 With ``"serve"`` in the spec, init does not run one command: it stays, as the sandbox's
 resident executor, and runs the commands the backend sends over a control socket (see
-:func:`serve`); each command gets its own PID and mount namespaces (and so its own
-``/proc``) inside the sandbox's, so that it never sees the executor nor other commands,
-is never PID 1, and dies whole with its init.
+:func:`serve`); each command runs in PID and mount namespaces of its own (and so with its
+own ``/proc``) inside the sandbox's, under an init of its own, so that it never sees the
+executor nor other commands, is never PID 1, and dies whole with its init; an init whose
+namespace is empty again runs the sandbox's next command.
 
 Like every mechanism of the backend, it speaks one protocol on stderr: whatever it writes
 there before :data:`STARTED` is its own (why the sandbox could not be set up, exit status
@@ -114,6 +115,8 @@ SYS_PIVOT_ROOT = {
     "i386": 217,
     "armv7l": 218,
 }
+SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31, "riscv64": 31, "loongarch64": 31}
+IOPRIO_WHO_PROCESS = 1
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
@@ -396,7 +399,15 @@ COMMAND = [0]  # the command's pid, once forked
 
 
 def start(spec: Spec) -> None:
-    """Shed every privilege, then spawn the command.
+    """Shed every privilege, then spawn the command (or exit as a shell would have)."""
+    shed(spec)
+    code = launch(spec)
+    if code is not None:
+        os._exit(code)
+
+
+def shed(spec: Spec) -> None:
+    """Shed every privilege, for good.
 
     init sheds them itself, before the command exists (nothing it does afterwards, reaping
     and killing in its own namespace, needs one), and the command inherits that state: so
@@ -411,6 +422,11 @@ def start(spec: Spec) -> None:
     prctl(PR_SET_NO_NEW_PRIVS, 1, "set no_new_privs")
     if spec["seccomp"] is not None:
         load_seccomp(spec["seccomp"])  # last: the filter also binds what we do from here on
+
+
+def launch(spec: Spec) -> int | None:
+    """Say :data:`STARTED`, then spawn the command: None once it runs, else the exit
+    status a shell would give for why it could not (after saying why on its stderr)."""
     os.write(2, STARTED)
     # From here on, what happens is the command's outcome, reported as a shell would.
     argv, env = spec["argv"], spec["env"]
@@ -418,14 +434,15 @@ def start(spec: Spec) -> None:
         os.chdir(spec["cwd"])
     except OSError:
         os.write(2, f"cannot change to directory {spec['cwd']}\n".encode(errors="replace"))
-        os._exit(126)
+        return 126
     pid, error = spawnvpe(argv, env)
     if pid is None:
         code = 127 if error in (errno.ENOENT, errno.ENOTDIR) else 126
         reason = "not found" if code == 127 else os.strerror(error)
         os.write(2, f"{argv[0]}: {reason}\n".encode(errors="replace"))
-        os._exit(code)
+        return code
     COMMAND[0] = pid
+    return None
 
 
 def spawnvpe(argv: list[str], env: dict[str, str]) -> tuple[int | None, int]:
@@ -490,6 +507,7 @@ def reap() -> int:
             return SETUP_FAILED  # cannot happen: the command is our child
         if child == pid:
             code = exit_code(status)
+    COMMAND[0] = 0
     # The command owns what it started: background jobs and daemons die with it.
     while True:
         try:
@@ -516,17 +534,49 @@ select: Any = None  # imported by the launcher in serve mode only
 socket: Any = None
 
 
+KEEP_IDLE = 4  # command inits kept, idle, for the sandbox's next commands
+
+
+class CommandInit:
+    """The executor's handle on one command init: PID 1 of a PID namespace of its own,
+    which runs one command at a time and, once the namespace is empty again, the next one
+    it is handed."""
+
+    __slots__ = ("channel", "doomed", "pid", "request")
+
+    def __init__(self, pid: int, channel: Any, request: int) -> None:
+        self.pid = pid
+        self.channel = channel  # our end of its socket pair; None once closed
+        self.request: int | None = request  # the request it runs; None while idle
+        self.doomed = False  # killed (or being): never handed another command
+
+    @property
+    def idle(self) -> bool:
+        return self.request is None and not self.doomed and self.channel is not None
+
+    def kill(self) -> None:
+        self.doomed = True
+        try:
+            os.kill(self.pid, signal.SIGKILL)  # the whole command: its namespace dies
+        except ProcessLookupError:
+            pass
+
+
 def serve(spec: Spec, control_fd: int) -> NoReturn:
     """Run commands sent by the backend until it goes away.
 
     Requests (marshal, one per SOCK_SEQPACKET record): ``{"op": "run", "id", "argv",
     "env", "cwd"}`` with the command's stdin, stdout and stderr attached (SCM_RIGHTS);
     ``{"op": "kill", "id"}``. Answers: ``{"id", "exit": status}`` once a command's
-    namespace is empty (its init says so on a pipe of its own as its last act, so the
-    answer does not wait for the kernel to tear the namespaces down; an init that dies
-    without saying it is answered for when it is reaped), or ``{"id", "error": message}``
-    if it could not be forked. A command's own setup failures speak the stderr protocol
-    (before :data:`STARTED`).
+    namespace is empty (its init says so on its channel, so the answer never waits for a
+    namespace to be torn down; an init that dies without saying it is answered for when it
+    is reaped), or ``{"id", "error": message}`` if it could not be handed to an init. A
+    command's own setup failures speak the stderr protocol (before :data:`STARTED`).
+
+    Each command runs under a command init (:func:`command_init`) of its own PID and mount
+    namespaces. An init whose command ended, and whose namespace is empty again, waits for
+    the next command (up to :data:`KEEP_IDLE` of them do): a command then costs a message to
+    it and a ``posix_spawn``, not a copy of this interpreter and a new namespace.
     When the backend closes the socket (or dies), every command is killed and we exit.
     """
     prctl(PR_SET_DUMPABLE, 0, "make the executor undumpable")
@@ -547,8 +597,8 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
     # leaves pid_ns_for_children pointing at it; setns() back to ours before the next one
     # (the kernel refuses a second unshare otherwise).
     own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-    running: dict[int, int | None] = {}  # command init pid -> request id (None: answered)
-    reports: dict[int, int] = {}  # an init's status pipe (read end) -> its pid
+    inits: dict[int, CommandInit] = {}  # by pid, until reaped
+    channels: dict[int, CommandInit] = {}  # by the descriptor of their channel, while open
     poller = select.poll()
     poller.register(control_fd, select.POLLIN)
     poller.register(wake_r, select.POLLIN)
@@ -560,12 +610,45 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
             shut_down()
 
     def shut_down() -> NoReturn:
-        for pid in running:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for init in inits.values():
+            init.kill()
         os._exit(0)  # we are PID 1: every process of the sandbox dies with us
+
+    def close_channel(init: CommandInit) -> None:
+        if init.channel is not None:
+            fd = init.channel.fileno()
+            poller.unregister(fd)
+            del channels[fd]
+            init.channel.close()
+            init.channel = None
+
+    def ended(init: CommandInit, code: int) -> None:
+        if init.request is not None:
+            answer({"id": init.request, "exit": code})
+            init.request = None
+        if init.idle and sum(i.idle for i in inits.values()) > KEEP_IDLE:
+            init.kill()
+
+    def run(request: dict[str, Any], fds: list[int]) -> None:
+        if len(fds) != 3:
+            raise SetupError(
+                f"a command needs stdin, stdout and stderr, got {len(fds)} descriptors"
+            )
+        for init in inits.values():
+            if init.idle:
+                try:
+                    socket.send_fds(init.channel, [marshal.dumps(request)], fds)
+                except OSError:  # it died meanwhile: answered for once reaped
+                    init.kill()
+                    continue
+                init.request = request["id"]
+                return
+        check(LIBC.setns(own_pid_ns, CLONE_NEWPID), "return to the sandbox's PID namespace")
+        ours = (control_fd, wake_r, wake_w, own_pid_ns, *channels)
+        pid, channel = fork_command(spec, request, fds, ours)
+        init = inits[pid] = CommandInit(pid, channel, request["id"])
+        channels[channel.fileno()] = init
+        poller.register(channel.fileno(), select.POLLIN)
 
     while True:
         try:
@@ -586,22 +669,25 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
                         break
                     if pid == 0:
                         break
-                    request_id = running.pop(pid, None)
-                    if request_id is not None:
-                        answer({"id": request_id, "exit": exit_code(status)})
+                    init = inits.pop(pid, None)
+                    if init is not None:
+                        close_channel(init)
+                        if init.request is not None:
+                            answer({"id": init.request, "exit": exit_code(status)})
                 continue
-            if fd in reports:
-                pid = reports.pop(fd)
-                poller.unregister(fd)
-                try:
-                    said = os.read(fd, 16)
-                except OSError:
-                    said = b""
-                os.close(fd)
-                request_id = running.get(pid)
-                if said and request_id is not None:
-                    answer({"id": request_id, "exit": int(said)})
-                    running[pid] = None
+            if fd != control_fd:
+                init = channels.get(fd)  # None: closed since poll() said it was ready
+                if init is not None:
+                    try:
+                        said = init.channel.recv(16, socket.MSG_DONTWAIT)
+                    except BlockingIOError:  # a new channel that took a closed one's number
+                        continue
+                    except OSError:
+                        said = b""
+                    if said:
+                        ended(init, int(said))
+                    else:  # it died: answered for once reaped
+                        close_channel(init)
                 continue
             try:
                 data, fds, _, _ = socket.recv_fds(control, 1 << 20, 3)
@@ -611,23 +697,14 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
                 shut_down()
             request = marshal.loads(data)
             if request["op"] == "kill":
-                for pid, request_id in running.items():
-                    if request_id == request["id"]:
-                        try:
-                            os.kill(pid, signal.SIGKILL)  # its init: the whole command
-                        except ProcessLookupError:
-                            pass
+                for init in inits.values():
+                    if init.request == request["id"]:
+                        init.kill()
                 continue
             try:
-                check(LIBC.setns(own_pid_ns, CLONE_NEWPID), "return to the sandbox's PID namespace")
-                ours = (control_fd, wake_r, wake_w, own_pid_ns, *reports)
-                pid, report_fd = fork_command(spec, request, fds, ours)
+                run(request, fds)
             except (OSError, SetupError) as exc:
                 answer({"id": request["id"], "error": str(exc)})
-            else:
-                running[pid] = request["id"]
-                reports[report_fd] = pid
-                poller.register(report_fd, select.POLLIN)
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -635,54 +712,88 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
 
 def fork_command(
     spec: Spec, request: dict[str, Any], fds: list[int], ours: tuple[int, ...]
-) -> tuple[int, int]:
-    """Fork the init of one command, in a fresh PID namespace; return its pid and the
-    read end of the pipe on which it tells the command's exit status."""
-    if len(fds) != 3:
-        raise SetupError(f"a command needs stdin, stdout and stderr, got {len(fds)} descriptors")
+) -> tuple[int, Any]:
+    """Fork a command init, in a fresh PID namespace, to run this command first; return
+    its pid and our end of its channel."""
     check(LIBC.unshare(CLONE_NEWPID), "create the command's PID namespace")
-    report_r, report_w = os.pipe2(os.O_CLOEXEC)  # close-on-exec: never the command's
+    channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # close-on-exec
     try:
         pid = os.fork()
     except BaseException:
-        os.close(report_r)
-        os.close(report_w)
+        channel.close()
+        theirs.close()
         raise
     if pid:
-        os.close(report_w)
-        return pid, report_r
-    # The command's init: PID 1 of its namespace, with its own /proc.
+        theirs.close()
+        return pid, channel
     try:
         signal.set_wakeup_fd(-1)
-        for fd in (*ours, report_r):
+        for fd in ours:
             os.close(fd)
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-        for fd in fds:
-            if fd > 2:
-                os.close(fd)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for signum in FORWARDED:
-            signal.signal(signum, forward)
-        check(LIBC.unshare(CLONE_NEWNS), "create the command's mount namespace")
-        mount(None, "/", None, MS_REC | MS_PRIVATE)
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        remount("/proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        start({**spec, **request})
+        channel.close()
+        command_init(spec, request, fds, theirs)
     except SetupError as exc:
         report(str(exc))
-        os._exit(SETUP_FAILED)
     except BaseException as exc:  # noqa: BLE001 - anything here means "not started"
         report(f"{type(exc).__name__}: {exc}")
-        os._exit(SETUP_FAILED)
-    code = reap()  # the namespace holds no process but us now
-    for fd in (0, 1, 2):  # the command's pipes: at their end once we let go of them too
-        os.close(fd)
-    try:
-        os.write(report_w, b"%d" % code)
-    except OSError:
-        pass  # the executor is gone; so are we, in a moment
-    os._exit(code)
+    os._exit(SETUP_FAILED)
+
+
+def command_init(spec: Spec, request: dict[str, Any], fds: list[int], channel: Any) -> NoReturn:
+    """PID 1 of a command's namespaces, with its own ``/proc``: run the command, then,
+    once nothing of it is left, tell its status on ``channel`` and wait there for the next
+    (an end of file: exit)."""
+    install(fds)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
+    check(LIBC.unshare(CLONE_NEWNS), "create the command's mount namespace")
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    remount("/proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+    shed(spec)
+    pristine = scheduling()
+    while True:
+        code = launch({**spec, **request})
+        if code is None:
+            code = reap()  # the namespace holds no process but us now
+        for fd in (0, 1, 2):  # the command's pipes: at their end once we let go of them
+            os.dup2(null, fd)
+        if scheduling() != pristine:  # the command reniced us: the next would inherit it
+            os._exit(code)
+        try:
+            channel.send(b"%d" % code)
+            data, fds, _, _ = socket.recv_fds(channel, 1 << 20, 3)
+        except OSError:
+            os._exit(0)  # the executor is gone; so are we, in a moment
+        if not data:
+            os._exit(0)
+        request = marshal.loads(data)
+        install(fds)
+
+
+def scheduling() -> tuple[object, ...]:
+    """How the kernel schedules us: what a process of the same user may change for us
+    without any capability or access to our memory (niceness, policy, CPUs, I/O
+    priority), and a command would inherit from us."""
+    number = SYS_IOPRIO_GET.get(os.uname().machine)
+    io = None if number is None else LIBC.syscall(number, IOPRIO_WHO_PROCESS, 0)
+    return (
+        os.getpriority(os.PRIO_PROCESS, 0),
+        os.sched_getscheduler(0),
+        os.sched_getaffinity(0),
+        io,
+    )
+
+
+def install(fds: list[int]) -> None:
+    """Make ``fds`` our stdin, stdout and stderr (the command's, once spawned)."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
 
 
 if __name__ == "__main__":
