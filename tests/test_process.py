@@ -486,8 +486,10 @@ async def test_fast_path_commands_live_in_namespaces_of_their_own(process_root: 
             while not processes_with(marker):  # noqa: ASYNC110 - polling the host
                 await anyio.sleep(0.02)
             shared = await sb.exec(["cat", "/tmp/f"])
-            daemon = await sb.exec(["sh", "-c", f"setsid sleep {marker}.5 & echo $$"])
-            assert processes_with(f"{marker}.5") == []  # gone before the exec returned
+            # A daemon that keeps forking: all of it is gone before the exec returns.
+            spawner = f"while :; do sleep {marker}.5 & done"
+            daemon = await sb.exec(["sh", "-c", f"setsid sh -c '{spawner}' & sleep 0.2; echo $$"])
+            assert processes_with(f"{marker}.5") == []
             seen = [await sb.exec(["python3", "-c", f"{listing}; {mine}"]) for _ in range(3)]
             tg.cancel_scope.cancel()
     assert shared.stdout == b"shared\n"

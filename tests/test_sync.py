@@ -316,7 +316,10 @@ def test_sandbox_death_is_an_infrastructure_error() -> None:
 def test_exec_timeout_raises_exec_timeout_with_partial_output(process_root: Path) -> None:
     with process_session(process_root) as session:
         sb = session.sandbox()
-        handle = sb.exec(["sh", "-c", "echo partial; sleep 600"], timeout=0.5)
+        sb.exec(["true"]).result()  # started: the timeout below is all the command's
+        # Seconds, not fractions: on a busy machine (CI runs two suites at once) a command
+        # may take half a second to print its first line.
+        handle = sb.exec(["sh", "-c", "echo partial; sleep 600"], timeout=2)
         with pytest.raises(ExecTimeout) as caught:
             handle.result(timeout=60)
         assert caught.value.result.timed_out
