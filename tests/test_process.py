@@ -205,7 +205,7 @@ def commands_in(pids: set[int]) -> list[bytes]:
     for pid in pids:
         with contextlib.suppress(OSError):
             argv = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"_launcher.py" not in argv:
+            if b"asyncsandbox._process._launcher" not in argv:
                 found.append(argv)
     return found
 

@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -42,6 +43,16 @@ MODES: tuple[Mode, ...] = ("auto", "bwrap", "native", "none")
 
 STARTED = b"\0asyncsandbox:started\0"  # keep in step with _launcher.STARTED
 LAUNCHER = Path(__file__).with_name("_launcher.py")
+# The native launcher's interpreter runs this: the launcher, compiled once by us (compiling
+# it would cost every launch milliseconds), and its spec, both from the descriptor named.
+BOOT = """import marshal, os, sys
+fd = int(sys.argv[1])
+code, spec = marshal.loads(os.pread(fd, os.fstat(fd).st_size, 0))
+os.close(fd)
+launcher = {"__name__": "asyncsandbox._process._launcher"}
+exec(code, launcher)
+launcher["main"](spec)
+"""
 SHM_SIZE = 64 << 20
 
 # Runs inside the sandbox (bubblewrap) or on the host (none) before the command: the
@@ -350,9 +361,21 @@ class Native(Mechanism):
         }
         import marshal
 
-        fd = _pipe_with(marshal.dumps(spec))
-        argv_ = [sys.executable, "-I", "-S", "-B", str(LAUNCHER), str(fd)]
+        fd = os.memfd_create("asyncsandbox-launch")  # close-on-exec, but where passed
+        try:
+            data = memoryview(marshal.dumps((_launcher_code(), spec)))
+            while data:
+                data = data[os.write(fd, data) :]
+        except BaseException:
+            os.close(fd)
+            raise
+        argv_ = [sys.executable, "-I", "-S", "-B", "-c", BOOT, str(fd)]
         return Launch(argv_, {}, [fd])
+
+
+@functools.cache
+def _launcher_code() -> types.CodeType:
+    return compile(LAUNCHER.read_bytes(), str(LAUNCHER), "exec")
 
 
 def _pipe_with(data: bytes) -> int:

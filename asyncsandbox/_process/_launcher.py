@@ -1,9 +1,10 @@
 """asyncsandbox's own launcher: runs one command in fresh Linux namespaces, with the same
 guarantees as the bubblewrap mechanism, using nothing but Python's standard library.
 
-Run by the process backend as ``python -I -S _launcher.py SPEC_FD`` (this file is not
-imported by the package), with the command's stdin, stdout and stderr as fd 0, 1, 2 and
-the spec, one JSON object, readable from ``SPEC_FD``.
+Never imported by the package: the backend compiles this file once and runs it in a fresh
+interpreter of its own (``python -I -S -B -c BOOT FD``, see ``_isolation.Native``), which
+reads the compiled module and the spec (one dict) from ``FD`` and calls :func:`main`, with
+the command's stdin, stdout and stderr as fd 0, 1, 2.
 
 With ``"serve"`` in the spec, init does not run one command: it stays, as the sandbox's
 resident executor, and runs the commands the backend sends over a control socket (see
@@ -49,7 +50,6 @@ import fcntl
 import marshal
 import os
 import struct
-import sys
 
 TYPE_CHECKING = False  # not typing's: importing typing would cost milliseconds per command
 if TYPE_CHECKING:
@@ -184,9 +184,17 @@ def report(message: str) -> None:
 # -- the launcher (host PID namespace) ---------------------------------------------------
 
 
-def launcher(spec_fd: int) -> None:
-    with os.fdopen(spec_fd, "rb") as spec_file:
-        spec = marshal.loads(spec_file.read())
+def main(spec: Spec) -> NoReturn:
+    try:
+        launcher(spec)
+    except SetupError as exc:
+        report(str(exc))
+    except BaseException as exc:  # noqa: BLE001 - report, never a traceback on stderr
+        report(f"{type(exc).__name__}: {exc}")
+    os._exit(SETUP_FAILED)
+
+
+def launcher(spec: Spec) -> None:
     if spec.get("serve") is not None:
         # Imported now: after pivot_root the interpreter's library is out of reach.
         global select, socket
@@ -794,14 +802,3 @@ def install(fds: list[int]) -> None:
     for fd in fds:
         if fd > 2:
             os.close(fd)
-
-
-if __name__ == "__main__":
-    try:
-        launcher(int(sys.argv[1]))
-    except SetupError as exc:
-        report(str(exc))
-        os._exit(SETUP_FAILED)
-    except BaseException as exc:  # noqa: BLE001 - report, never a traceback on stderr
-        report(f"{type(exc).__name__}: {exc}")
-        os._exit(SETUP_FAILED)
