@@ -197,9 +197,8 @@ def main(spec: Spec) -> NoReturn:
 def launcher(spec: Spec) -> None:
     if spec.get("serve") is not None:
         # Imported now: after pivot_root the interpreter's library is out of reach.
-        global select, socket
+        global select
         import select
-        import socket
     parent = os.getppid()
     for procs in spec["cgroups"]:  # before anything else: every process is accounted
         write_file(procs, str(os.getpid()))
@@ -539,7 +538,6 @@ def forward(signum: int, frame: object) -> None:
 # -- the resident executor (serve mode) ----------------------------------------------------
 
 select: Any = None  # imported by the launcher in serve mode only
-socket: Any = None
 
 
 KEEP_IDLE = 4  # command inits kept, idle, for the sandbox's next commands
@@ -588,7 +586,7 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
     When the backend closes the socket (or dies), every command is killed and we exit.
     """
     prctl(PR_SET_DUMPABLE, 0, "make the executor undumpable")
-    control = socket.socket(fileno=control_fd)
+    control = _socket.socket(fileno=control_fd)
     os.set_inheritable(control_fd, False)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
@@ -645,7 +643,7 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
         for init in inits.values():
             if init.idle:
                 try:
-                    socket.send_fds(init.channel, [marshal.dumps(request)], fds)
+                    send_fds(init.channel, marshal.dumps(request), fds)
                 except OSError:  # it died meanwhile: answered for once reaped
                     init.kill()
                     continue
@@ -687,7 +685,7 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
                 init = channels.get(fd)  # None: closed since poll() said it was ready
                 if init is not None:
                     try:
-                        said = init.channel.recv(16, socket.MSG_DONTWAIT)
+                        said = init.channel.recv(16, _socket.MSG_DONTWAIT)
                     except BlockingIOError:  # a new channel that took a closed one's number
                         continue
                     except OSError:
@@ -698,7 +696,7 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
                         close_channel(init)
                 continue
             try:
-                data, fds, _, _ = socket.recv_fds(control, 1 << 20, 3)
+                data, fds = recv_fds(control)
             except OSError:
                 shut_down()
             if not data:
@@ -724,7 +722,7 @@ def fork_command(
     """Fork a command init, in a fresh PID namespace, to run this command first; return
     its pid and our end of its channel."""
     check(LIBC.unshare(CLONE_NEWPID), "create the command's PID namespace")
-    channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # close-on-exec
+    channel, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)  # close-on-exec
     try:
         pid = os.fork()
     except BaseException:
@@ -772,7 +770,7 @@ def command_init(spec: Spec, request: dict[str, Any], fds: list[int], channel: A
             os._exit(code)
         try:
             channel.send(b"%d" % code)
-            data, fds, _, _ = socket.recv_fds(channel, 1 << 20, 3)
+            data, fds = recv_fds(channel)
         except OSError:
             os._exit(0)  # the executor is gone; so are we, in a moment
         if not data:
@@ -793,6 +791,24 @@ def scheduling() -> tuple[object, ...]:
         os.sched_getaffinity(0),
         io,
     )
+
+
+def send_fds(sock: Any, data: bytes, fds: list[int]) -> None:
+    """Send one message with descriptors (``socket.send_fds``, whose module costs every
+    executor milliseconds to import)."""
+    rights = struct.pack(f"{len(fds)}i", *fds)
+    sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
+
+
+def recv_fds(sock: Any) -> tuple[bytes, list[int]]:
+    """One message and the descriptors that came with it: three at most (any more are
+    never installed: the kernel drops what does not fit)."""
+    data, ancillary, _, _ = sock.recvmsg(1 << 20, _socket.CMSG_SPACE(3 * 4))
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds += struct.unpack(f"{len(payload) // 4}i", payload[: len(payload) // 4 * 4])
+    return data, fds
 
 
 def install(fds: list[int]) -> None:
