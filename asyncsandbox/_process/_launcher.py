@@ -181,16 +181,20 @@ def report(message: str) -> None:
         pass
 
 
+def failed(exc: BaseException) -> NoReturn:
+    """Report why the sandbox could not be set up, then exit: the command never ran."""
+    report(str(exc) if isinstance(exc, SetupError) else f"{type(exc).__name__}: {exc}")
+    os._exit(SETUP_FAILED)
+
+
 # -- the launcher (host PID namespace) ---------------------------------------------------
 
 
 def main(spec: Spec) -> NoReturn:
     try:
         launcher(spec)
-    except SetupError as exc:
-        report(str(exc))
     except BaseException as exc:  # noqa: BLE001 - report, never a traceback on stderr
-        report(f"{type(exc).__name__}: {exc}")
+        failed(exc)
     os._exit(SETUP_FAILED)
 
 
@@ -258,12 +262,8 @@ def init(spec: Spec) -> NoReturn:
         if spec.get("serve") is not None:
             serve(spec, spec["serve"])  # never returns
         start(spec)
-    except SetupError as exc:
-        report(str(exc))
-        os._exit(SETUP_FAILED)
     except BaseException as exc:  # noqa: BLE001 - anything here means "not started"
-        report(f"{type(exc).__name__}: {exc}")
-        os._exit(SETUP_FAILED)
+        failed(exc)
     os._exit(reap())
 
 
@@ -738,11 +738,8 @@ def fork_command(
             os.close(fd)
         channel.close()
         command_init(spec, request, fds, theirs)
-    except SetupError as exc:
-        report(str(exc))
     except BaseException as exc:  # noqa: BLE001 - anything here means "not started"
-        report(f"{type(exc).__name__}: {exc}")
-    os._exit(SETUP_FAILED)
+        failed(exc)
 
 
 def command_init(spec: Spec, request: dict[str, Any], fds: list[int], channel: Any) -> NoReturn:
