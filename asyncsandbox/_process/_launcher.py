@@ -116,6 +116,7 @@ SYS_PIVOT_ROOT = {
     "armv7l": 218,
 }
 SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31, "riscv64": 31, "loongarch64": 31}
+MACHINE = os.uname().machine
 IOPRIO_WHO_PROCESS = 1
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
@@ -384,9 +385,9 @@ def enter(view: str) -> None:
     """Make ``view`` the root, with the host's root detached (not merely hidden, as chroot
     would leave it)."""
     os.chdir(view)
-    number = SYS_PIVOT_ROOT.get(os.uname().machine)
+    number = SYS_PIVOT_ROOT.get(MACHINE)
     if number is None:
-        raise SetupError(f"pivot_root: unknown system call number on {os.uname().machine}")
+        raise SetupError(f"pivot_root: unknown system call number on {MACHINE}")
     check(LIBC.syscall(number, b".", b"."), "pivot_root")
     check(LIBC.umount2(b".", MNT_DETACH), "detach the old root")
     os.chdir("/")
@@ -780,7 +781,7 @@ def scheduling() -> tuple[object, ...]:
     """How the kernel schedules us: what a process of the same user may change for us
     without any capability or access to our memory (niceness, policy, CPUs, I/O
     priority), and a command would inherit from us."""
-    number = SYS_IOPRIO_GET.get(os.uname().machine)
+    number = SYS_IOPRIO_GET.get(MACHINE)
     io = None if number is None else LIBC.syscall(number, IOPRIO_WHO_PROCESS, 0)
     return (
         os.getpriority(os.PRIO_PROCESS, 0),
