@@ -39,6 +39,9 @@ class ExecResult(msgspec.Struct, frozen=True, kw_only=True):
     """The signal that ended the command, when the backend can tell."""
     oom_killed: bool = False
     """The command was killed for exceeding the sandbox's memory limit."""
+    cpu_time: float | None = None
+    """CPU seconds (user and system) of the command's main process and of the children it
+    waited for; ``None`` where the backend cannot tell."""
 
     @property
     def stdout_text(self) -> str:

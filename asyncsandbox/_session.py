@@ -19,6 +19,15 @@ import msgspec
 from . import _owner, _validate as check
 from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts, WarmPool
 from ._errors import InvalidArgument, SandboxClosed, SandboxError, SandboxNotFound
+from ._judge._engine import judge_fresh, judge_remotely
+from ._judge._model import (
+    Comparison,
+    JudgeRequest,
+    JudgeResult,
+    JudgingBackend,
+    Program,
+    TestCase,
+)
 from ._limits import Limiter, LimiterStatistics
 from ._log import get_logger
 from ._metrics import Metrics, MetricsReporter, resolve_reporters
@@ -27,16 +36,7 @@ from ._operations import Operation
 from ._pool import Pool
 from ._runtime import Runtime
 from ._sandbox import Sandbox, SandboxOwner
-from .abc import Backend, SandboxSpec
-from .judge import (
-    Comparison,
-    JudgeRequest,
-    JudgeResult,
-    JudgingBackend,
-    Program,
-    TestCase,
-    judge,
-)
+from .abc import Backend
 
 __all__ = ("Session", "SessionStatistics")
 
@@ -340,16 +340,19 @@ class Session:
         parallel: int = 4,
         compile_timeout: float = 60.0,
         output_limit: int = 1 << 20,
+        full_output: bool = False,
+        directory: str | None = None,
         **overrides: Any,
     ) -> JudgeResult:
         """Judge ``program`` on test ``cases`` in a fresh sandbox (``overrides`` configure
         it as in :meth:`sandbox`): compile once, run every case, return typed verdicts and
-        a score (see :mod:`asyncsandbox.judge`).
+        a score (see :mod:`asyncsandbox.judge`). The other arguments are the fields of
+        :class:`~asyncsandbox.judge.JudgeRequest`, documented there; ``cases`` may be
+        dicts of :class:`~asyncsandbox.judge.TestCase` fields.
 
         Cancellation: running cases are killed and the sandbox removed.
         """
-        return await judge(
-            self,
+        request = JudgeRequest.of(
             program,
             cases,
             comparison=comparison,
@@ -359,19 +362,18 @@ class Session:
             parallel=parallel,
             compile_timeout=compile_timeout,
             output_limit=output_limit,
-            sandbox=overrides,
+            full_output=full_output,
+            directory=directory,
         )
-
-    def _sandbox_spec(self, overrides: Mapping[str, Any]) -> SandboxSpec:
-        """What the backend would be asked to create for ``session.sandbox(**overrides)``."""
         self._check_open()
-        return self._runtime.spec(self.defaults.merged(dict(overrides)))
-
-    async def _judge_remotely(self, backend: JudgingBackend, request: JudgeRequest) -> JudgeResult:
-        """A judgement the backend runs where its sandboxes are (no deadline: judging
-        takes as long as its cases; errors translated like any backend call)."""
-        self._check_open()
-        return await self._runtime.translate(backend.judge(request))
+        backend = self.backend
+        if isinstance(backend, JudgingBackend):
+            # Judged where the backend's sandboxes are, in one call (no deadline: judging
+            # takes as long as its cases; errors translated like any backend call).
+            spec = self._runtime.spec(self.defaults.merged(dict(overrides)))
+            request = msgspec.structs.replace(request, sandbox=spec)
+            return await judge_remotely(request, self._runtime.translate(backend.judge(request)))
+        return await judge_fresh(request, lambda: self.sandbox(**overrides))
 
     def submit(self, awaitable: Awaitable[T], *, name: str | None = None) -> Operation[T]:
         """Run ``awaitable`` in the session's background and return its handle at once.

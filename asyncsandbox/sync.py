@@ -678,6 +678,8 @@ class SyncSession:
         parallel: int = 4,
         compile_timeout: float = 60.0,
         output_limit: int = 1 << 20,
+        full_output: bool = False,
+        directory: str | None = None,
         **overrides: Any,
     ) -> Handle[JudgeResult]:
         """Judge ``program`` on test ``cases`` in a fresh sandbox; return a handle at once
@@ -696,6 +698,8 @@ class SyncSession:
             parallel=parallel,
             compile_timeout=compile_timeout,
             output_limit=output_limit,
+            full_output=full_output,
+            directory=directory,
             **overrides,
         )
         return self._launch("judge", call)
