@@ -291,7 +291,6 @@ def test_the_output_is_the_programs_own() -> None:
         assert answer.run_result.stdout == "", (n, answer.run_result)
 
 
-
 @pytest.mark.usefixtures("endpoint")
 @pytest.mark.parametrize("language", ["python", "cpp"])
 def test_files_in_and_fetch_files_out(language: str) -> None:
