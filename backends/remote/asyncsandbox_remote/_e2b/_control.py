@@ -107,6 +107,15 @@ class ForkBody(msgspec.Struct, omit_defaults=True):
     count: int | None = None
 
 
+def _timestamp(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        raise _E2bError(400, f"startedAfter must be an RFC 3339 time, got {value[:40]!r}") from None
+
+
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
@@ -483,13 +492,17 @@ class ControlPlane:
         unknown = states - {"running", "paused"}
         if unknown:
             raise _E2bError(400, f"unknown state {sorted(unknown)}; known: paused, running")
+        template = query.get("template")
+        after = _timestamp(query.get("startedAfter"))
         chosen = [
             s
             for s in self.registry.of(tenant)
             if all(s.metadata.get(k) == v for k, v in wanted_meta.items())
             and (not states or s.state in states)
+            and (template is None or s.template == template)
+            and (after is None or s.started_at > after)
         ]
-        chosen.sort(key=lambda s: (s.started_at, s.id))
+        chosen.sort(key=lambda s: (s.started_at, s.id), reverse=query.get("order") == "desc")
         return chosen
 
     async def list_v1(self, request: Request) -> Response:

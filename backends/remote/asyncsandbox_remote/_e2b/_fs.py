@@ -40,10 +40,7 @@ MOVE = """
 [ -e "$1" ] || [ -L "$1" ] || { echo "no such file or directory" >&2; exit 2; }
 mkdir -p -- "$(dirname -- "$2")" && exec mv -T -- "$1" "$2"
 """
-REMOVE = """
-[ -e "$1" ] || [ -L "$1" ] || { echo "no such file or directory" >&2; exit 2; }
-exec rm -rf -- "$1"
-"""
+REMOVE = 'exec rm -rf -- "$1"'  # (a path that does not exist: nothing to do, as envd)
 TYPES = {
     "f": filesystem_pb.FileType.FILE,
     "d": filesystem_pb.FileType.DIRECTORY,
@@ -172,7 +169,7 @@ class Filesystem:
         result = await self._run(STAT, path, str(depth))
         if result.returncode != 0:
             raise _error(result, path)
-        return parse(result.stdout)
+        return sorted(parse(result.stdout), key=lambda e: e.path)
 
     async def stat(self, path: str) -> filesystem_pb.EntryInfo:
         entries = await self.entries(path, 0)

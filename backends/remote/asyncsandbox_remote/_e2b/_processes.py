@@ -32,7 +32,16 @@ from connectrpc.errors import ConnectError
 from e2b.envd.process import process_pb
 from protobuf import Oneof
 
-from asyncsandbox import ExecResult, ExecTimeout, InvalidArgument, Sandbox, SandboxError
+from asyncsandbox import (
+    ExecResult,
+    ExecTimeout,
+    InvalidArgument,
+    Sandbox,
+    SandboxClosed,
+    SandboxDied,
+    SandboxError,
+    SandboxNotFound,
+)
 from asyncsandbox.log import get_logger
 
 __all__ = ("Proc", "Processes", "end_event")
@@ -93,6 +102,8 @@ class Proc:
     holder: anyio.CancelScope | None = None
     input_lock: anyio.Lock = field(default_factory=anyio.Lock)
     killed: bool = False
+    gone: bool = False
+    """The sandbox ended under the process (killed, paused, its timeout)."""
 
     def follow(self) -> ObjectReceiveStream[Event]:
         """A stream of this process's events from now on (its end, if it ended)."""
@@ -230,6 +241,9 @@ class Processes:
                         result = exc.result
             except InvalidArgument as exc:
                 error = str(exc)
+            except (SandboxClosed, SandboxDied, SandboxNotFound) as exc:
+                proc.gone = True
+                error = f"{type(exc).__name__}: {exc}"
             except SandboxError as exc:
                 error = f"{type(exc).__name__}: {exc}"
         if proc.scope.cancelled_caught:
@@ -322,12 +336,24 @@ async def follow(
             if ended:
                 # The end was not delivered to this follower (it was too far behind).
                 if proc.end is not None:
+                    _check_gone(proc)
                     yield proc.end
                 return
             if event is None:
                 if anyio.current_time() < deadline:
                     yield _event("keepalive", process_pb.ProcessEvent.KeepAlive())
                 continue
-            yield event
             if event.event is not None and event.event.field == "end":
+                _check_gone(proc)
+                yield event
                 return
+            yield event
+
+
+def _check_gone(proc: Proc) -> None:
+    if proc.gone:
+        # As envd's stream ends when its sandbox goes: the client probes the sandbox and
+        # reports it ended (502 "was not found").
+        raise ConnectError(
+            Code.UNAVAILABLE, "the connection to the sandbox ended before the stream completed"
+        )

@@ -65,6 +65,9 @@ class E2bRouter:
             return
         headers = Headers(scope=scope)
         sandbox_id = headers.get("e2b-sandbox-id")
+        if sandbox_id is None and scope["path"] == "/files":
+            await self._signed(scope, receive, send)
+            return
         if sandbox_id is None:
             await self.app(scope, receive, send)
             return
@@ -126,6 +129,37 @@ class E2bRouter:
             async with self.tenancy.use(sandbox.tenant, record):
                 await self._envd(scope, receive, send, sandbox)
         except HttpError as exc:  # the tenant's quota
+            await e2b_error(exc.status, exc.body.message, exc.headers)(scope, receive, send)
+
+    async def _signed(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``/files`` by a signed URL (no headers): the sandbox whose token signed it."""
+        request = Request(scope, receive)
+        query = request.query_params
+        signature = query.get("signature", "")
+        expiration = query.get("signature_expiration", "")
+        operation = "read" if request.method == "GET" else "write"
+        found = None
+        if signature:
+            for sandbox in self.registry.running():
+                if sandbox.signs(
+                    signature,
+                    query.get("path", ""),
+                    operation,
+                    query.get("username", ""),
+                    expiration,
+                ):
+                    found = sandbox
+        if found is None or found.record is None:
+            self.tenancy.refused(request, had_key=bool(signature))
+            await e2b_error(401, "missing or invalid file URL signature")(scope, receive, send)
+            return
+        if expiration and (not expiration.isdigit() or int(expiration) < time.time()):
+            await e2b_error(401, "the file URL's signature expired")(scope, receive, send)
+            return
+        try:
+            async with self.tenancy.use(found.tenant, found.record):
+                await self._envd(scope, receive, send, found)
+        except HttpError as exc:
             await e2b_error(exc.status, exc.body.message, exc.headers)(scope, receive, send)
 
     async def _envd(self, scope: Scope, receive: Receive, send: Send, sandbox: E2bSandbox) -> None:

@@ -9,6 +9,8 @@ a snapshot and no record: ``pause(keep_memory=False)``), or gone (forgotten).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import secrets
 import time
@@ -66,7 +68,12 @@ class E2bSandbox:
     @property
     def running(self) -> bool:
         record = self.record
-        return record is not None and not record.removing and self.snapshot is None
+        return (
+            record is not None
+            and not record.removing
+            and self.snapshot is None
+            and time.time() < self.end_at
+        )
 
     @property
     def paused(self) -> bool:
@@ -74,6 +81,13 @@ class E2bSandbox:
 
     def token_matches(self, presented: str) -> bool:
         return hmac.compare_digest(presented.encode(), self.token.encode())
+
+    def signs(self, signature: str, path: str, operation: str, user: str, expiration: str) -> bool:
+        """Whether ``signature`` is this sandbox's for a file URL (E2B's v1 signature:
+        the SDK's ``download_url``/``upload_url``, which carry no headers)."""
+        raw = f"{path}:{operation}:{user}:{self.token}" + (f":{expiration}" if expiration else "")
+        digest = base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=").decode()
+        return hmac.compare_digest(signature.encode(), f"v1_{digest}".encode())
 
     def set_timeout(self, seconds: float) -> None:
         """Make the sandbox end ``seconds`` from now (E2B's ``set_timeout``)."""
@@ -109,6 +123,10 @@ class Registry:
             return found
         self._sandboxes.pop(sandbox_id, None)
         return None
+
+    def running(self) -> list[E2bSandbox]:
+        """Every sandbox that runs."""
+        return [s for s in list(self._sandboxes.values()) if s.running]
 
     def of(self, tenant: TenantState) -> list[E2bSandbox]:
         """The tenant's sandboxes that run or are paused."""
