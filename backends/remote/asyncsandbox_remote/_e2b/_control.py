@@ -500,7 +500,7 @@ class ControlPlane:
             if all(s.metadata.get(k) == v for k, v in wanted_meta.items())
             and (not states or s.state in states)
             and (template is None or s.template == template)
-            and (after is None or s.started_at > after)
+            and (after is None or s.started_at >= after - 1e-3)
         ]
         chosen.sort(key=lambda s: (s.started_at, s.id), reverse=query.get("order") == "desc")
         return chosen

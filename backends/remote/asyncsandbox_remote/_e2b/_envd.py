@@ -293,9 +293,9 @@ class FilesystemService:
         /,
     ) -> filesystem_pb.GetWatcherEventsResponse:
         _, watchers = self._parts(ctx)
-        return filesystem_pb.GetWatcherEventsResponse(
-            events=watchers.get(request.watcher_id).take()
-        )
+        watcher = watchers.get(request.watcher_id)
+        await _bounded(ctx, watcher.scan())
+        return filesystem_pb.GetWatcherEventsResponse(events=watcher.take())
 
     async def remove_watcher(
         self, request: filesystem_pb.RemoveWatcherRequest, ctx: RequestContext[object, object], /

@@ -154,7 +154,7 @@ class E2bRouter:
             await e2b_error(401, "missing or invalid file URL signature")(scope, receive, send)
             return
         if expiration and (not expiration.isdigit() or int(expiration) < time.time()):
-            await e2b_error(401, "the file URL's signature expired")(scope, receive, send)
+            await e2b_error(401, "signature is already expired")(scope, receive, send)
             return
         try:
             async with self.tenancy.use(found.tenant, found.record):

@@ -1,7 +1,7 @@
 """Directory watchers (envd's ``WatchDir`` stream, and ``CreateWatcher`` /
 ``GetWatcherEvents`` / ``RemoveWatcher`` for clients that poll), by polling: the
 watcher lists the directory (one ``find`` in the sandbox) every :data:`INTERVAL`
-seconds and reports what changed as inotify would: a new file is ``CREATE`` then
+seconds, and once more when a polling client asks for its events, and reports what changed as inotify would: a new file is ``CREATE`` then
 ``WRITE``, a new directory ``CREATE``, a file whose size or time changed ``WRITE``, a
 vanished entry ``REMOVE``. Changes that cancel out within one interval are not seen, and
 a rename is a ``REMOVE`` and a ``CREATE``.
@@ -43,6 +43,7 @@ class Watcher:
         self.changed = anyio.Event()
         self.scope = anyio.CancelScope()
         self.failed: ConnectError | None = None
+        self._lock = anyio.Lock()
 
     async def prime(self) -> None:
         """Take the first listing (raises NOT_FOUND, or INVALID_ARGUMENT for a file)."""
@@ -57,25 +58,32 @@ class Watcher:
 
     async def run(self) -> None:
         with self.scope:
-            while True:
+            while self.failed is None:
                 await anyio.sleep(INTERVAL)
-                try:
-                    now = {e.path: e for e in await self._fs.entries(self.path, self._depth)}
-                except ConnectError as exc:
-                    self.failed = exc  # the directory is gone (or the sandbox)
-                    self.changed.set()
-                    return
-                for path, entry in now.items():
-                    before = self._seen.get(path)
-                    if before is None:
-                        self._emit(EventType.CREATE, path)
-                        if entry.kind == "f" and entry.size > 0:
-                            self._emit(EventType.WRITE, path)
-                    elif before.key != entry.key and entry.kind != "d":
+                await self.scan()
+
+    async def scan(self) -> None:
+        """List the directory now and report what changed since the last listing."""
+        async with self._lock:
+            if self.failed is not None:
+                return
+            try:
+                now = {e.path: e for e in await self._fs.entries(self.path, self._depth)}
+            except ConnectError as exc:
+                self.failed = exc  # the directory is gone (or the sandbox)
+                self.changed.set()
+                return
+            for path, entry in now.items():
+                before = self._seen.get(path)
+                if before is None:
+                    self._emit(EventType.CREATE, path)
+                    if entry.kind == "f" and entry.size > 0:
                         self._emit(EventType.WRITE, path)
-                for path in self._seen.keys() - now.keys():
-                    self._emit(EventType.REMOVE, path)
-                self._seen = now
+                elif before.key != entry.key and entry.kind != "d":
+                    self._emit(EventType.WRITE, path)
+            for path in self._seen.keys() - now.keys():
+                self._emit(EventType.REMOVE, path)
+            self._seen = now
 
     def take(self) -> list[filesystem_pb.FilesystemEvent]:
         events, self.events = self.events, []
