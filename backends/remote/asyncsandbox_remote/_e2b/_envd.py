@@ -105,7 +105,9 @@ class ProcessService:
         )
         tag = request.tag if request.has_field("tag") else None
         stdin = bool(request.stdin) if request.has_field("stdin") else False
-        proc, events = await _bounded(ctx, processes.start(config, tag, stdin=stdin))
+        proc, events = await _bounded(
+            ctx, processes.start(config, tag, stdin=stdin, deadline=deadline)
+        )
 
         async def kill() -> None:
             with anyio.CancelScope(shield=True):  # the process goes even if we are cancelled

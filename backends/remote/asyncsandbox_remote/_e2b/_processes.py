@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import suppress
@@ -167,9 +168,16 @@ class Processes:
         raise ConnectError(Code.INVALID_ARGUMENT, "a process selector (pid or tag) is required")
 
     async def start(
-        self, config: process_pb.ProcessConfig, tag: str | None, *, stdin: bool
+        self,
+        config: process_pb.ProcessConfig,
+        tag: str | None,
+        *,
+        stdin: bool,
+        deadline: float = math.inf,
     ) -> tuple[Proc, ObjectReceiveStream[Event]]:
-        """Start a process; return it and a stream of its events (its start first)."""
+        """Start a process; return it and a stream of its events (its start first). At
+        ``deadline`` (``anyio.current_time()``) its process tree is killed, whether or not
+        its client still follows it."""
         if len(self.list()) >= MAX_PROCESSES:
             raise ConnectError(
                 Code.RESOURCE_EXHAUSTED,
@@ -181,6 +189,7 @@ class Processes:
         pid = self._next_pid
         self._next_pid += 1
         proc = Proc(pid=pid, config=config, tag=tag)
+        proc.scope.deadline = deadline
         if stdin:
             proc.fifo = f"{FIFO_DIR}/.e2b-stdin-{pid}-{secrets.token_hex(6)}"
             await self._command(("mkfifo", "-m", "600", proc.fifo))
