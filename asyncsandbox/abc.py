@@ -69,7 +69,15 @@ class BackendCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     """How sandboxes are isolated, in a few words (shown by ``asyncsandbox backends``)."""
     enforced_limits: frozenset[str] = frozenset()
     """Which :class:`~asyncsandbox.Resources` fields are enforced: ``cpus``, ``memory_mb``,
-    ``pids``, ``disk_mb``. The runtime warns when a sandbox asks for one that is not."""
+    ``pids``, ``disk_mb``. The runtime refuses to create a sandbox that asks for one that
+    is not (a limit asked for and not enforced is a lie), unless ``best_effort_limits``."""
+    best_effort_limits: bool = False
+    """The user chose to run sandboxes whose limits cannot all be enforced here (a weaker
+    mode, named explicitly, such as the process backend's ``limits="best-effort"``): the
+    runtime then creates them, warning once, instead of refusing."""
+    limits_note: str = ""
+    """Why the limits missing from ``enforced_limits`` cannot be had here, and how to get
+    them (or to choose best-effort limits): the refusal says it."""
     network_modes: frozenset[str] = frozenset({"none"})
     """Supported values of ``SandboxDefaults.network``."""
     reports_signal: bool = False

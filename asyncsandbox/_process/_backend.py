@@ -67,6 +67,8 @@ __all__ = ("ProcessAttributes", "ProcessBackend")
 UNISOLATED_PIPE_GRACE = 1.0
 LAUNCHER_EXIT_GRACE = 3.0
 ISOLATION_ENV = "ASYNCSANDBOX_PROCESS_ISOLATION"
+LIMITS_ENV = "ASYNCSANDBOX_PROCESS_LIMITS"
+LIMITS = ("enforce", "best-effort")
 ETC_SWEEP_AGE = 3600.0  # unused /etc snapshots older than this are removed
 
 
@@ -195,6 +197,10 @@ class ProcessBackend(Backend):
         with ``False``), every command is launched on its own by the chosen mechanism.
     :param executor_idle: seconds an executor waits for its next command before it stops
         (``None``: until the sandbox is removed).
+    :param limits: ``"enforce"`` (default): a sandbox asking for a limit this backend
+        cannot enforce here is refused, naming the limit and how to get it;
+        ``"best-effort"``: such sandboxes run without it (a weaker mode, explicit only,
+        with a warning). Default: ``$ASYNCSANDBOX_PROCESS_LIMITS``, else ``"enforce"``.
     """
 
     name = "process"
@@ -208,11 +214,17 @@ class ProcessBackend(Backend):
         uid_range: tuple[int, int] | list[int] | None = None,
         fast_path: bool = True,
         executor_idle: float | None = 30.0,
+        limits: str | None = None,
     ) -> None:
         mode = isolation if isolation is not None else os.environ.get(ISOLATION_ENV) or "auto"
         if mode not in MODES:
             where = "isolation" if isolation is not None else f"${ISOLATION_ENV}"
             raise InvalidArgument(f"{where} must be one of {', '.join(MODES)}; got {mode!r}")
+        chosen = limits if limits is not None else os.environ.get(LIMITS_ENV) or "enforce"
+        if chosen not in LIMITS:
+            where = "limits" if limits is not None else f"${LIMITS_ENV}"
+            raise InvalidArgument(f"{where} must be one of {', '.join(LIMITS)}; got {chosen!r}")
+        self._best_effort = chosen == "best-effort"
         if not isinstance(seccomp, bool):
             raise InvalidArgument(f"seccomp must be a bool, got {seccomp!r}")
         if not isinstance(fast_path, bool):
@@ -309,6 +321,9 @@ class ProcessBackend(Backend):
                 else "; snapshots are copies (O(data) without reflinks)"
             ),
             enforced_limits=frozenset(limits),
+            # Without isolation nothing is enforced: that mode is explicit and warned of.
+            best_effort_limits=self._best_effort or not mechanism.isolated,
+            limits_note=self._limits_note(frozenset(limits)),
             network_modes=frozenset({"none", "host"} if mechanism.isolated else {"host"}),
             reports_signal=False,
             snapshots=True,
@@ -321,6 +336,27 @@ class ProcessBackend(Backend):
             root=str(self.root),
             isolation=mechanism.name,
             cgroups=self._cgroups.version if self._cgroups else None,
+        )
+
+    def _limits_note(self, enforced: frozenset[str]) -> str:
+        """Why the limits missing from ``enforced`` cannot be had here, and how to."""
+        why = []
+        if not {"memory_mb", "pids", "cpus"} <= enforced:
+            if os.geteuid() == 0:
+                why.append(
+                    "this machine gives this process no writable cgroup controllers "
+                    "(memory, pids, cpu) for memory_mb, pids and cpus"
+                )
+            else:
+                why.append("memory_mb, pids and cpus need cgroups, which need root")
+        if "disk_mb" not in enforced:
+            why.append("disk_mb needs root (a tmpfs of that size per sandbox)")
+        if not why:
+            return ""
+        return (
+            "; ".join(why)
+            + f"; to run without them, backend_options={{'limits': 'best-effort'}} (or "
+            f"${LIMITS_ENV}=best-effort)"
         )
 
     def _probe_layers(self, ids: HostIds, owner: int) -> int | None:
