@@ -39,6 +39,7 @@ from ._models import (
     SandboxInfo as SandboxInfo,
     SandboxStatus as SandboxStatus,
     Snapshot as Snapshot,
+    SnapshotInfo as SnapshotInfo,
 )
 from ._operations import Operation as Operation, as_completed as as_completed, wait as wait
 from ._registry import (
@@ -71,6 +72,7 @@ __all__ = (
     "SandboxInfo",
     "SandboxStatus",
     "Snapshot",
+    "SnapshotInfo",
     "SessionStatistics",
     "LimiterStatistics",
     "MetricsReporter",

@@ -7,7 +7,15 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ("ExecResult", "OutputChunk", "SandboxInfo", "SandboxStatus", "Snapshot", "Stream")
+__all__ = (
+    "ExecResult",
+    "OutputChunk",
+    "SandboxInfo",
+    "SandboxStatus",
+    "Snapshot",
+    "SnapshotInfo",
+    "Stream",
+)
 
 Stream = Literal["stdout", "stderr"]
 
@@ -112,3 +120,14 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     source: str
     """The id of the sandbox it was taken of."""
     kept: bool = False
+
+
+class SnapshotInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot as its backend lists it (:meth:`asyncsandbox.abc.Backend.list_snapshots`)."""
+
+    id: str
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    """Its owner's labels, when it goes with its session (one that is kept has none: it
+    is never collected)."""
+    created_at: float | None = None
+    """Unix time."""

@@ -284,8 +284,15 @@ class Runtime:
         """
         self.check_capability("snapshots")
         started = anyio.current_time()
+        # One that goes with the session carries its owner's labels: if the owner crashes,
+        # the next gc finds it by them.
+        labels = (
+            None
+            if keep
+            else _owner.runtime_labels(session_id=self.session_id, tags=(), max_lifetime=None)
+        )
         with anyio.move_on_after(_deadline(self.timeouts.create)) as scope:
-            snapshot_id = await self.translate(handle.snapshot())
+            snapshot_id = await self.translate(handle.snapshot(labels=labels))
         if scope.cancelled_caught:
             raise BackendTimeout("snapshot", self.timeouts.create or 0)
         if not keep:

@@ -31,7 +31,7 @@ from ._judge._model import (
 from ._limits import Limiter, LimiterStatistics
 from ._log import get_logger
 from ._metrics import Metrics, MetricsReporter, resolve_reporters
-from ._models import ExecResult, SandboxInfo, SandboxStatus, Snapshot
+from ._models import ExecResult, SandboxInfo, SandboxStatus, Snapshot, SnapshotInfo
 from ._operations import Operation
 from ._pool import Pool
 from ._runtime import Runtime
@@ -447,9 +447,16 @@ class Session:
             targets += [i.id for i in await self.list(tags=tag_tuple, status=status)]
         return await self._remove_ids(list(dict.fromkeys(targets)))
 
-    async def gc(self, *, dry_run: bool = False) -> builtins.list[tuple[SandboxInfo, str]]:
-        """Remove sandboxes whose owner process is gone or whose lifetime is over (of any
-        session on this backend); return them with the reason. ``dry_run`` only reports."""
+    async def gc(
+        self, *, dry_run: bool = False
+    ) -> builtins.list[tuple[SandboxInfo | SnapshotInfo, str]]:
+        """Remove sandboxes whose owner process is gone or whose lifetime is over, and
+        snapshots that were to go with a session whose owner process is gone (of any
+        session on this backend; a kept snapshot is never collected); return them with
+        the reason. ``dry_run`` only reports.
+
+        Cancellation: what was removed stays removed; the rest is left for the next gc.
+        """
         self._check_open()
         infos = await self.list()
         garbage = [(i, r) for i in infos if (r := _owner.garbage_reason(i.labels)) is not None]
@@ -458,7 +465,22 @@ class Session:
             garbage = [(i, r) for i, r in garbage if i.id in removed]
             for info, reason in garbage:
                 self._log.info("session.gc.removed", sandbox_id=info.id, reason=reason)
-        return garbage
+        collected: builtins.list[tuple[SandboxInfo | SnapshotInfo, str]] = list(garbage)
+        if not self.backend.capabilities.snapshots:
+            return collected
+        runtime = self._runtime
+        snapshots = await runtime.call(
+            "list_snapshots", self.backend.list_snapshots, timeout=runtime.timeouts.operation
+        )
+        for snapshot in snapshots:
+            why = _owner.garbage_reason(snapshot.labels)
+            if why is None:
+                continue
+            if not dry_run:
+                await runtime.delete_snapshot(snapshot.id)
+                self._log.info("session.gc.snapshot_removed", snapshot_id=snapshot.id, reason=why)
+            collected.append((snapshot, why))
+        return collected
 
     def metrics(self) -> dict[str, float]:
         """The metrics since the last reset, without reporting them. Names (after the

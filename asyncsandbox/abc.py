@@ -41,7 +41,7 @@ import msgspec
 from anyio import TypedAttributeProvider
 
 from ._config import Resources, Timeouts
-from ._models import SandboxInfo, Stream
+from ._models import SandboxInfo, SnapshotInfo, Stream
 from ._shellfiles import ShellFiles, ShellProcess
 
 __all__ = (
@@ -212,10 +212,14 @@ class SandboxHandle(TypedAttributeProvider, metaclass=ABCMeta):
         Cancellation: the runtime shields this call and bounds it with ``Timeouts.remove``.
         """
 
-    async def snapshot(self) -> str:
+    async def snapshot(self, *, labels: Mapping[str, str] | None = None) -> str:
         """Freeze the sandbox's filesystem state (workdir, home, ``/tmp``, what was
         installed) as a snapshot, and return its id; the sandbox goes on running.
         Processes are not part of a snapshot. Only with ``capabilities.snapshots``.
+
+        ``labels``: store them with the snapshot, for :meth:`Backend.list_snapshots`
+        (the runtime gives a snapshot that goes with its session its owner's labels, so
+        that one a crashed owner left is found and deleted).
 
         Cancellation: nothing is left of a snapshot that was not returned.
         """
@@ -271,6 +275,11 @@ class Backend(metaclass=ABCMeta):
     async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
         """Every sandbox of this backend (any owner) carrying all of ``labels``
         (``""`` matches a label with an empty value)."""
+
+    async def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        """Every snapshot this backend holds, with the labels it was taken with (any
+        owner). Only with ``capabilities.snapshots``; the default lists none."""
+        return []
 
     async def delete_snapshot(self, snapshot_id: str) -> None:  # noqa: B027 - optional
         """Forget a snapshot (sandboxes started from it keep working). Idempotent.

@@ -59,7 +59,7 @@ from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts, WarmPool
 from ._errors import InvalidArgument, OperationCancelled, SandboxClosed, SandboxError
 from ._log import get_logger
 from ._metrics import MetricsReporter
-from ._models import ExecResult, SandboxInfo, SandboxStatus, Snapshot
+from ._models import ExecResult, SandboxInfo, SandboxStatus, Snapshot, SnapshotInfo
 from ._session import SessionStatistics
 from .abc import Backend
 from .judge import Comparison, JudgeResult, Program, TestCase
@@ -763,7 +763,7 @@ class SyncSession:
         call = functools.partial(self._session.delete_snapshot, snapshot)
         self._runtime.call("SyncSession.delete_snapshot()", call)
 
-    def gc(self, *, dry_run: bool = False) -> builtins.list[tuple[SandboxInfo, str]]:
+    def gc(self, *, dry_run: bool = False) -> builtins.list[tuple[SandboxInfo | SnapshotInfo, str]]:
         """Remove leftovers of crashed owners (see :meth:`asyncsandbox.Session.gc`). Blocks."""
         call = functools.partial(self._session.gc, dry_run=dry_run)
         return self._runtime.call("SyncSession.gc()", call)

@@ -31,7 +31,7 @@ from .._errors import (
     SandboxNotFound,
 )
 from .._log import get_logger
-from .._models import SandboxInfo, SandboxStatus
+from .._models import SandboxInfo, SandboxStatus, SnapshotInfo
 from .._shellfiles import ShellFiles, ShellProcess
 from .._util import single_error
 from ..abc import (
@@ -551,6 +551,10 @@ class ProcessBackend(Backend):
             raise InvalidArgument(f"snapshot {snapshot_id!r} is unreadable")
         return meta
 
+    async def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        metas = await anyio.to_thread.run_sync(_state.listed, self.root)
+        return [SnapshotInfo(id=m.id, labels=m.labels, created_at=m.created_at) for m in metas]
+
     async def delete_snapshot(self, snapshot_id: str) -> None:
         path = _state.directory(self.root, snapshot_id)
         if path is None:
@@ -1019,7 +1023,7 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
 
     # -- state -----------------------------------------------------------------------------
 
-    async def snapshot(self) -> str:
+    async def snapshot(self, *, labels: Mapping[str, str] | None = None) -> str:
         self._check_alive()
         if (self._cgroup is None or not self._cgroup.can_freeze) and self._commands_running():
             raise InvalidArgument(
@@ -1032,6 +1036,7 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
             workdir=self._meta.workdir,
             source=self.id,
             created_at=time.time(),
+            labels=dict(labels or {}),
         )
         target = self._backend.root / _state.SNAPSHOTS / meta.id
         try:

@@ -58,6 +58,7 @@ class SnapshotMeta(msgspec.Struct, kw_only=True):
     source: str  # the sandbox it was taken from
     created_at: float
     layers: list[str] = []  # its layers, top first; none: a copy, in the snapshot's fs/
+    labels: dict[str, str] = {}  # its owner's, when it goes with its session
 
 
 _decoder = msgspec.json.Decoder(SnapshotMeta)
@@ -73,6 +74,16 @@ def directory(root: Path, snapshot_id: str) -> Path | None:
     if not SNAPSHOT_ID.fullmatch(snapshot_id):
         return None
     return root / SNAPSHOTS / snapshot_id
+
+
+def listed(root: Path) -> list[SnapshotMeta]:
+    """The snapshots under the backend's ``root`` (those whose meta is complete)."""
+    try:
+        entries = list((root / SNAPSHOTS).iterdir())
+    except FileNotFoundError:
+        return []
+    found = (read_meta(entry) for entry in entries if SNAPSHOT_ID.fullmatch(entry.name))
+    return [meta for meta in found if meta is not None]
 
 
 def read_meta(path: Path) -> SnapshotMeta | None:

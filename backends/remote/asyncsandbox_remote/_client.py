@@ -865,7 +865,9 @@ class RemoteSandbox(SandboxHandle):
         )
         return _info(_decode(w.DESCRIPTION, response))
 
-    async def snapshot(self) -> str:
+    async def snapshot(self, *, labels: Mapping[str, str] | None = None) -> str:
+        # The server keeps a tenant's snapshots until the tenant deletes them: labels are
+        # for backends that list their snapshots for gc, which this one does not.
         # Sent once (a retry would take another snapshot); its answer lost, the snapshot
         # stays the tenant's until the server goes (it is not this session's to delete).
         response = await self._backend.api.call(
