@@ -156,6 +156,7 @@ async def test_a_failed_reset_removes_the_sandbox_and_the_next_episode_gets_a_fr
             dirty_id = sandbox.id
             await sandbox.exec(["sh", "-c", "echo dirty > /workspace/dirty"])
             monkeypatch.setattr(_state, "wipe", broken)
+            monkeypatch.setattr(_state, "empty", broken)  # where the executor stays
         with capture_logs() as logs:
             for _ in range(100):
                 await anyio.sleep(0.05)

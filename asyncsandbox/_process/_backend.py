@@ -1061,24 +1061,46 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         self._check_alive()
         if not self._backend.mechanism.isolated:
             raise InvalidArgument("the process backend resets only isolated sandboxes")
-        # Every process goes: the executor (and the namespaces it holds: IPC objects and
-        # /dev/shm with them), each launched command, whatever else is in the cgroup.
-        await self.stop_executor()
+        # Every command goes, with what it left: the executor kills them all and gives the
+        # next ones a fresh IPC namespace and /dev/shm, so it stays (the next episode's
+        # first command costs no executor start); without one (or if it cannot), it goes
+        # too, with the namespaces it holds. Each launched command goes, and whatever
+        # else is in the cgroup.
+        layers = self._meta.layers  # a reset remounts them: the view goes, with the executor
+        executor = None if layers else self._executor
+        if executor is not None and executor.alive:
+            try:
+                with anyio.fail_after(self._backend.timeouts.cleanup):
+                    await executor.reset()
+            except (InfrastructureError, TimeoutError):
+                executor = None
+        if executor is None or not executor.alive:
+            executor = None
+            await self.stop_executor()
         for process in list(self._processes):
-            process.kill()
+            if executor is None or process is not executor.process:
+                process.kill()
         with anyio.fail_after(self._backend.timeouts.cleanup):
             for process in list(self._processes):
-                await process.wait()  # a launcher's namespace dies with it, and all in it
-        layout, snapshot, layers = self._layout, self._meta.snapshot, self._meta.layers
+                if executor is None or process is not executor.process:
+                    await process.wait()  # a launcher's namespace dies with it, and all in it
+        layout, snapshot = self._layout, self._meta.snapshot
+        # The executor's launcher, and the executor under it (PID 1 of the sandbox).
+        kept = (
+            set() if executor is None else {executor.process.pid, *_children(executor.process.pid)}
+        )
 
         def restore() -> None:
-            if self._cgroup is not None and not self._cgroup.kill_all():
+            if self._cgroup is not None and not self._cgroup.kill_all(sparing=kept):
                 raise OSError(f"sandbox {self.id}: processes survived the cgroup's kill")
             if layers:  # its own layer dropped: O(what the episode changed)
                 _state.reset_layers(layout, layers)
                 return
-            _state.wipe(layout)
-            _layout.populate(layout)
+            if executor is not None:
+                _state.empty(layout)  # the executor's view binds the areas: they stay
+            else:
+                _state.wipe(layout)
+                _layout.populate(layout)
             if snapshot is not None:
                 _state.restore(self._backend._snapshot_dir(snapshot), layout)
 

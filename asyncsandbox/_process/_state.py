@@ -240,6 +240,37 @@ def wipe(layout: Layout) -> None:
             path.unlink()
 
 
+def empty(layout: Layout) -> None:
+    """Empty the sandbox's writable areas in place, for a sandbox whose executor stays
+    (its processes are dead by now): the executor's view binds the three directories, so
+    they stay, their content goes, and they are as :func:`_layout.populate` makes them
+    (mode, owner, no extended attributes or ACL, new times); anything else in ``fs`` goes."""
+    fs = layout.root / "fs"
+    areas = {layout.tmp: 0o1777, layout.home: 0o755, layout.work: 0o755}
+    for entry in os.listdir(fs):
+        path = fs / entry
+        if path in areas and path.is_dir() and not path.is_symlink():
+            for child in os.listdir(path):
+                inside = path / child
+                if inside.is_dir() and not inside.is_symlink():
+                    rmtree(inside)
+                else:
+                    inside.unlink()
+        elif path.is_dir() and not path.is_symlink():
+            rmtree(path)
+        else:
+            path.unlink()
+    for path, mode in areas.items():
+        for name in os.listxattr(path, follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                os.removexattr(path, name, follow_symlinks=False)
+        ids = layout.host_ids
+        if ids is not None:
+            os.chown(path, ids.uid, ids.gid)
+        os.chmod(path, mode)
+        os.utime(path)
+
+
 def sweep(root: Path) -> None:
     """Remove snapshots whose writing was abandoned (their process crashed)."""
     with contextlib.suppress(FileNotFoundError):
