@@ -269,11 +269,16 @@ def descendants(roots: "Iterable[int]", table: "Dict[int, int]") -> "Set[int]":
     return found
 
 
-def kill(select: "Callable[[Dict[int, int]], Iterable[int]]", within: float = 5.0) -> bool:
+def kill(
+    select: "Callable[[Dict[int, int]], Iterable[int]]",
+    within: float = 5.0,
+    meanwhile: "Optional[Callable[[], None]]" = None,
+) -> bool:
     """SIGKILL the processes ``select`` picks from the live ones (:func:`processes`), again
     and again (what they forked meanwhile is picked next time), until it picks none that
     lives; False if some still lived after ``within`` seconds (a process the kernel keeps
-    in an uninterruptible wait)."""
+    in an uninterruptible wait). ``meanwhile`` runs between the rounds (a supervisor's
+    other duties: every exit it holds is a program kept alive)."""
     deadline = time.monotonic() + within
     while True:
         targets = list(select(processes()))
@@ -286,6 +291,8 @@ def kill(select: "Callable[[Dict[int, int]], Iterable[int]]", within: float = 5.
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        if meanwhile is not None:
+            meanwhile()
         # A killed process is gone (or a zombie) within microseconds, unless the kernel
         # holds it: look again at once, then back off a little.
-        time.sleep(0.0005)
+        time.sleep(0.0002)

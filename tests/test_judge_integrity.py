@@ -58,12 +58,14 @@ LEAVE = {
             os.write(1, answer)
             os._exit(0)
     """,
-    # A double-forked daemon (its parent gone at once, it is nobody's child).
+    # A double-forked daemon (its parent gone at once, it is nobody's child). The main
+    # process waits for that parent: it ends a moment after, or later on a busy machine,
+    # where a shorter nap could see it still running (and its answer then counts).
     "double_fork": """
         if os.fork() == 0:
             if os.fork() == 0:
                 os.setsid()
-                time.sleep(0.3)
+                time.sleep(1.0)
                 os.write(1, answer)
             os._exit(0)
         os.wait()

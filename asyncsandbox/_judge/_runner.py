@@ -17,11 +17,14 @@ Each case runs in a fork of this process, in a session of its own, with its own 
 
 **A case ends when its main process ends.** Before anything of the program runs, the
 fork installs the exit barrier (:mod:`asyncsandbox._barrier`) and hands its listener
-here: the program's main process is held at its exit system call until every other
-process of the case is dead (its descendants, and the orphans it made: this process is
-their subreaper, and the exits of the case's processes tell which orphans are the
-case's), so nothing the program left behind can write after it ended, whatever it
-waits for (its parent to change, a parent-death signal). The case's time limit counts
+here, and becomes a child subreaper: what its descendants orphan stays below it. The
+program's main process is held at its exit system call until every other process of the
+case is dead (all below it; and any orphan that reached this process, which is the
+subreaper above every case, goes with the first case that ends), so nothing the program
+left behind can write after it ended, whatever it waits for (its parent to change, a
+parent-death signal). The exits of the case's other processes are held too (the filter
+cannot tell them apart): they are released before anything else is done, so that holding
+them never lengthens the program's life by more than a moment. The case's time limit counts
 from the program's own start (the barrier's arrival), and its output is what is in its
 pipes once it ended: the pipes are at their end then, since nothing else holds them.
 Where the kernel offers no barrier, the rest of the case is killed as soon as its main
@@ -246,8 +249,8 @@ class Case:
         self.pid = 0
         self.started = self.deadline = self.ended = 0.0
         self.listener: Any = None  # barrier.Listener, while the case runs
+        self.ending: Any = None  # the notice of its main process held at its exit, if any
         self.held = False  # its main process was held at its exit
-        self.orphans: set[int] = set()  # processes it left that are now ours to reap
         self.open: dict[int, Output] = {}  # its pipes not at their end yet
         self.outputs = {"stdout": Output(), "stderr": Output()}
         self.status: int | None = None
@@ -290,6 +293,7 @@ class Runner:
                 os.dup2(err_w, 2)
                 ours.close()
                 hand_over_barrier(theirs)
+                prctl(PR_SET_CHILD_SUBREAPER, 1)  # what it orphans stays below it
                 os.closerange(3, MAX_FD)  # ours: the request, the other cases' pipes
             except BaseException:  # noqa: BLE001
                 os._exit(125)
@@ -317,20 +321,33 @@ class Runner:
     # -- ending a case --
 
     def rest_of(self, case: Case, table: dict[int, int]) -> set[int]:
-        """Every live process of ``case`` but its main one: its descendants, the orphans
-        it made (and theirs), and any orphan nobody can tell the case of (one whose parent
-        was killed by a signal: it goes with the first case that ends)."""
-        known = set(self.running)
-        for other in self.running.values():
-            known |= other.orphans
-        unknown = {pid for pid, ppid in table.items() if ppid == self.me and pid not in known}
-        roots = {case.pid} | case.orphans | unknown
-        found = barrier.descendants(roots, table) | (roots & set(table))
+        """Every live process of ``case`` but its main one: its descendants (its orphans
+        among them: it is their subreaper), and any orphan that reached us (one whose
+        case's main process unset its subreaper, or died by a signal: nobody can tell its
+        case, so it goes with the first case that ends)."""
+        unknown = {
+            pid for pid, ppid in table.items() if ppid == self.me and pid not in self.running
+        }
+        roots = {case.pid} | unknown
+        found = barrier.descendants(roots, table) | unknown
         found.discard(case.pid)
         return found
 
     def kill_rest(self, case: Case) -> None:
-        barrier.kill(lambda table: self.rest_of(case, table))
+        barrier.kill(lambda table: self.rest_of(case, table), meanwhile=self.release_others)
+
+    def release_others(self) -> None:
+        """Release every exit held now that is not a case's end (each one held keeps a
+        process, and whoever waits for it, alive); note the ends, handled by the loop."""
+        if not self.listeners:
+            return
+        poller = select.poll()
+        for fd in self.listeners:
+            poller.register(fd, select.POLLIN)
+        for fd, _ in poller.poll(0):
+            case = self.listeners[fd]
+            if case.ending is None:
+                self.on_exit(case, ends_later=True)
 
     def kill(self, case: Case) -> None:
         """Kill the whole case (its time or output limit is reached)."""
@@ -340,20 +357,21 @@ class Runner:
             pass
         self.kill_rest(case)
 
-    def on_exit(self, case: Case) -> None:
-        """A process of ``case`` is held at its exit: end the case if it is the main one."""
-        notice = case.listener.receive()
+    def on_exit(self, case: Case, ends_later: bool = False) -> None:
+        """A process of ``case`` is held at its exit: release it, unless it is the case's
+        end (its main process's last thread): then kill the rest of the case first (or,
+        with ``ends_later``, keep it held for the loop to end the case)."""
+        notice = case.ending or case.listener.receive()
+        case.ending = None
         if notice is None:
             return
         if notice.pid != case.pid:
-            # Another process of the case is ending: what it leaves is the case's.
-            if notice.pid:
-                case.orphans.update(
-                    pid for pid, ppid in barrier.processes().items() if ppid == notice.pid
-                )
-            case.listener.release(notice)
+            case.listener.release(notice)  # at once: see the module docstring
             return
         if notice.group or barrier.threads(case.pid) <= 1:
+            if ends_later:
+                case.ending = notice
+                return
             case.held = True
             case.ended = time.monotonic()
             self.kill_rest(case)  # the program has not ended yet: nothing of it writes after
@@ -368,9 +386,7 @@ class Runner:
 
     def reaped(self, pid: int, status: int, usage: Any) -> None:
         case = self.running.get(pid)
-        if case is None:  # an orphan of a case
-            for other in self.running.values():
-                other.orphans.discard(pid)
+        if case is None:  # an orphan that reached us (killed with a case's end)
             return
         if not case.ended:
             case.ended = time.monotonic()
@@ -413,19 +429,22 @@ class Runner:
             for fd in (*self.readers, *self.listeners):
                 poller.register(fd, select.POLLIN)
             try:
-                ready = poller.poll(max(0.0, wake - now) * 1000)
+                ending = any(case.ending is not None for case in self.running.values())
+                ready = poller.poll(0 if ending else max(0.0, wake - now) * 1000)
             except InterruptedError:
                 ready = []
+            # Held exits first (each keeps a program alive), the ends noted meanwhile too.
+            for fd, _ in ready:
+                if fd in self.listeners:
+                    self.on_exit(self.listeners[fd])
+            for case in list(self.running.values()):
+                if case.ending is not None:
+                    self.on_exit(case)
             for fd, _ in ready:
                 if fd == 1:
-                    try:
-                        del self.outbox[: os.write(1, self.outbox)]
-                    except BlockingIOError:
-                        pass
+                    self.flush()
                 elif fd == wake_r:
                     drain(wake_r)
-                elif fd in self.listeners:
-                    self.on_exit(self.listeners[fd])
                 elif fd in self.readers:
                     self.read(fd, limit)
             while True:
@@ -447,9 +466,17 @@ class Runner:
                 if case.done():
                     del self.running[case.pid]
                     self.outbox += self.answer(case)
+                    self.flush()  # now: a case started next may kill us before the poll
         os.set_blocking(1, True)
         end = {"end": True, "barrier": self.barrier}
         write_all(1, self.outbox + json.dumps(end).encode() + b"\n")
+
+    def flush(self) -> None:
+        """Write what stdout takes of the answers now (never waiting for it)."""
+        try:
+            del self.outbox[: os.write(1, self.outbox)]
+        except BlockingIOError:
+            pass
 
     def read(self, fd: int, limit: int) -> None:
         case = self.readers[fd]
