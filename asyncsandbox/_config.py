@@ -74,6 +74,13 @@ class SandboxDefaults(_Config, frozen=True, kw_only=True, forbid_unknown_fields=
     from_snapshot: str | None = None
     """Start from this :class:`Snapshot` (or its id) instead of an empty workdir, home and
     ``/tmp``; the image is the snapshot's. Backends with ``capabilities.snapshots`` only."""
+    recyclable: bool = False
+    """When the sandbox stops, it may be reset to the state it was created in and kept for
+    the next sandbox of the same settings, instead of being removed and a new one created:
+    to that one it is a fresh sandbox (the reset's guarantee), at a fraction of the cost,
+    but its id comes back. For sandboxes whose id is not kept (one per request):
+    :meth:`Session.run`, :meth:`Session.judge` and the server's per-request sandboxes ask
+    for it. Where the backend cannot reset (``capabilities.reset``), it is removed."""
 
     def __post_init__(self) -> None:
         check.optional_text("image", self.image)
@@ -92,6 +99,8 @@ class SandboxDefaults(_Config, frozen=True, kw_only=True, forbid_unknown_fields=
         if snapshot is not None and not isinstance(snapshot, str):  # a Snapshot
             msgspec.structs.force_setattr(self, "from_snapshot", getattr(snapshot, "id", snapshot))
         check.optional_text("from_snapshot", self.from_snapshot)
+        if not isinstance(self.recyclable, bool):
+            raise InvalidArgument(f"recyclable must be a bool, got {self.recyclable!r}")
 
     def merged(self, overrides: dict[str, Any]) -> SandboxDefaults:
         """These defaults with per-sandbox ``overrides`` applied (see the class docstring)."""

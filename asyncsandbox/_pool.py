@@ -1,6 +1,8 @@
-"""The warm pool: sandboxes of a session's default spec, started ahead of need, so that
-starting one is a hand-over; with ``recycle``, stopped ones come back to it after a reset
-(see :class:`~asyncsandbox.WarmPool`)."""
+"""Sandboxes ready for their next episode: the warm pool (sandboxes of a session's default
+spec started ahead of need, see :class:`~asyncsandbox.WarmPool`) and recycled sandboxes
+(released by an episode, reset to the state they were created in, and handed to the next
+sandbox of the same settings instead of a new one: those of a recycling warm pool, and
+every sandbox whose settings ask for it, ``SandboxDefaults.recyclable``)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import math
 from collections import deque
 
 import anyio
+import msgspec
 
 from ._config import SandboxDefaults, WarmPool
 from ._errors import SandboxError
@@ -16,24 +19,37 @@ from ._runtime import Runtime, RuntimeState
 from .abc import SandboxHandle
 
 FILL_FAILURE_PAUSE = 1.0  # seconds between fills of a backend that keeps failing
+MAX_IDLE = 64
+"""Recycled sandboxes kept waiting for their next episode, at most (each holds a ``live``
+slot, and what the backend keeps of it: the process backend's executor)."""
+IDLE = 60.0
+"""Seconds a recycled sandbox waits for its next episode before it is removed."""
+MAX_AGE = 600.0
+"""Seconds after its creation past which a recyclable sandbox is removed rather than reset
+(and never more than half its ``max_lifetime``: it must not end under an episode)."""
 
 
 class Pool:
-    """Keeps ``config.size`` sandboxes of ``defaults`` ready, through the runtime.
+    """Sandboxes ready for an episode, by their settings, through the runtime.
 
-    Each pooled sandbox holds its ``live`` slot; :meth:`take` hands it to exactly one
-    Sandbox (it is never shared); those older than ``max_age`` are replaced. With
-    ``config.recycle``, :meth:`recycle` takes a released one back: it is reset in the
-    background and ready again, or removed if the reset failed.
+    Each holds its ``live`` slot; :meth:`take` hands one to exactly one Sandbox (never
+    shared). The warm pool's (``config.size`` of ``defaults``) are refilled and replaced
+    past ``max_age``; :meth:`recycle` takes a released one back, resets it in the
+    background, and keeps it ready (or removes it if the reset failed).
     """
 
-    def __init__(self, runtime: Runtime, config: WarmPool, defaults: SandboxDefaults) -> None:
+    def __init__(
+        self, runtime: Runtime, config: WarmPool | None, defaults: SandboxDefaults
+    ) -> None:
         self._runtime = runtime
         self._config = config
         self._defaults = defaults
-        self._ready: deque[tuple[SandboxHandle, float]] = deque()  # (sandbox, created at)
+        self._home = _key(defaults)  # the warm pool's settings
+        # By settings: (sandbox, created at, ready since), the last ready at the end.
+        self._ready: dict[bytes, deque[tuple[SandboxHandle, float, float]]] = {}
         self._filling = 0
         self._resetting = 0
+        self._resetting_by_key: dict[bytes, int] = {}
         self._born: dict[str, float] = {}  # sandbox id -> when it was created
         self._changed = anyio.Event()
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -41,13 +57,23 @@ class Pool:
 
     @property
     def ready(self) -> int:
-        return len(self._ready)
+        return sum(len(queue) for queue in self._ready.values())
 
-    def take(self, config: SandboxDefaults) -> SandboxHandle | None:
-        """A ready sandbox for ``config``, if it is the pool's spec and one is ready."""
-        if not self._ready or config != self._defaults:
+    async def take(self, config: SandboxDefaults) -> SandboxHandle | None:
+        """A ready sandbox for ``config``: the last that became ready, or one being reset
+        now (a reset costs less than a creation); None if there is none.
+
+        Cancellation: nothing is taken.
+        """
+        key = _key(config)
+        queue = self._ready.get(key)
+        while not queue and self._resetting_by_key.get(key):
+            await self._changed.wait()
+            queue = self._ready.get(key)
+        if not queue:
+            self._make_room()
             return None
-        handle, _ = self._ready.popleft()
+        handle, _, _ = queue.pop()
         self._born.pop(handle.id, None)  # a recycled sandbox tells its age itself
         self._changed.set()
         self.hits += 1
@@ -55,63 +81,98 @@ class Pool:
 
     def recycle(self, handle: SandboxHandle, config: SandboxDefaults, age: float) -> bool:
         """Take back a released sandbox of ``config``, created ``age`` seconds ago, to
-        reset and reuse it; False when it is not for the pool (another spec, no recycling,
-        the session closing): then the caller removes it."""
+        reset and reuse it; False when it is not for reuse (its settings do not ask for
+        it, the backend cannot reset, it is too old, enough are waiting already, another
+        sandbox waits for its slot, the session is closing): then the caller removes it."""
         task_group = self._task_group
+        warm = self._config is not None and self._config.recycle and _key(config) == self._home
+        if warm:  # the warm pool replaces its own past their max_age (see _keep)
+            max_age = math.inf
+        else:
+            max_age = MAX_AGE
+            if config.max_lifetime is not None:
+                max_age = min(max_age, config.max_lifetime / 2)
+        runtime = self._runtime
         if (
-            not self._config.recycle
-            or config != self._defaults
+            not (warm or config.recyclable)
+            or not runtime.backend.capabilities.reset
             or task_group is None
-            or self._runtime.state != RuntimeState.OPEN
+            or runtime.state != RuntimeState.OPEN
+            or age >= max_age
+            or self.ready + self._resetting >= MAX_IDLE
+            or runtime.live.statistics().waiting
         ):
             return False
-        self._runtime.recycled(handle)
+        runtime.recycled(handle)
         self._born[handle.id] = anyio.current_time() - age
         self._resetting += 1
-        task_group.start_soon(self._reset, handle)
+        key = _key(config)
+        self._resetting_by_key[key] = self._resetting_by_key.get(key, 0) + 1
+        task_group.start_soon(self._reset, handle, key)
         return True
 
+    def _make_room(self) -> None:
+        """A sandbox is about to be created: if every ``live`` slot is held, and ready
+        sandboxes of other settings hold some, remove the one waiting longest."""
+        live = self._runtime.live.statistics()
+        task_group = self._task_group
+        if task_group is None or live.limit is None or live.active < live.limit:
+            return
+        queues = [q for q in self._ready.values() if q]
+        if queues:
+            oldest = min(queues, key=lambda q: q[0][2])
+            task_group.start_soon(self._discard, oldest.popleft()[0])
+
     async def keep(self) -> None:
-        """Fill and refresh the pool until cancelled (the session's task group runs it)."""
-        max_age = self._config.max_age
+        """Fill, refresh and expire until cancelled (the session's task group runs it)."""
         async with anyio.create_task_group() as tg:
             self._task_group = tg
             try:
-                await self._keep(tg, max_age)
+                await self._keep(tg)
             finally:
                 self._task_group = None
 
-    async def _keep(self, tg: anyio.abc.TaskGroup, max_age: float | None) -> None:
+    async def _keep(self, tg: anyio.abc.TaskGroup) -> None:
+        config = self._config
         while True:
             self._changed = changed = anyio.Event()
             now = anyio.current_time()
-            if max_age is not None:  # recycled sandboxes come back in any order of age
-                for entry in [e for e in self._ready if now - e[1] >= max_age]:
-                    self._ready.remove(entry)
-                    tg.start_soon(self._discard, entry[0])
-            wanted = self._config.size - len(self._ready) - self._filling - self._resetting
-            for _ in range(wanted):
-                self._filling += 1
-                tg.start_soon(self._fill)
             wake = math.inf
-            if self._ready and max_age is not None:
-                wake = min(born for _, born in self._ready) + max_age - now
-            with anyio.move_on_after(wake):
+            for key, queue in self._ready.items():
+                for entry in list(queue):
+                    handle, born, since = entry
+                    expires = since + IDLE
+                    if key == self._home and config is not None:
+                        # The warm pool's wait for their episode; each is replaced past
+                        # max_age (recycled ones come back in any order of age).
+                        expires = math.inf if config.max_age is None else born + config.max_age
+                    if now >= expires:
+                        queue.remove(entry)
+                        tg.start_soon(self._discard, handle)
+                    else:
+                        wake = min(wake, expires)
+            if config is not None:
+                ready = len(self._ready.get(self._home, ()))
+                for _ in range(config.size - ready - self._filling - self._resetting):
+                    self._filling += 1
+                    tg.start_soon(self._fill)
+            with anyio.move_on_after(wake - now):
                 await changed.wait()
 
     async def discard_all(self) -> None:
         """Remove every ready sandbox (shielded: none may outlive its session)."""
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
-                while self._ready:
-                    tg.start_soon(self._discard, self._ready.popleft()[0])
+                for queue in self._ready.values():
+                    while queue:
+                        tg.start_soon(self._discard, queue.popleft()[0])
 
     async def _fill(self) -> None:
         runtime = self._runtime
         try:
             handle = await runtime.create(runtime.spec(self._defaults))
             self._born[handle.id] = now = anyio.current_time()
-            self._ready.append((handle, now))
+            self._ready.setdefault(self._home, deque()).append((handle, now, now))
         except SandboxError as exc:
             if runtime.state == RuntimeState.OPEN:
                 runtime.log.warning("session.pool.fill_failed", error=repr(exc))
@@ -120,7 +181,7 @@ class Pool:
             self._filling -= 1
             self._changed.set()
 
-    async def _reset(self, handle: SandboxHandle) -> None:
+    async def _reset(self, handle: SandboxHandle, key: bytes) -> None:
         # Shielded (and bounded by the runtime): the sandbox is either ready again or
         # removed, even when the session closes meanwhile.
         runtime = self._runtime
@@ -129,11 +190,16 @@ class Pool:
                 if not await runtime.reset(handle):
                     self._born.pop(handle.id, None)  # removed by the runtime
                 elif runtime.state == RuntimeState.OPEN:
-                    self._ready.append((handle, self._born[handle.id]))
+                    born = self._born[handle.id]
+                    entry = (handle, born, anyio.current_time())
+                    self._ready.setdefault(key, deque()).append(entry)
                 else:
                     await self._discard(handle)
         finally:
             self._resetting -= 1
+            self._resetting_by_key[key] -= 1
+            if not self._resetting_by_key[key]:
+                del self._resetting_by_key[key]
             self._changed.set()
 
     async def _discard(self, handle: SandboxHandle) -> None:
@@ -142,3 +208,8 @@ class Pool:
         self._born.pop(handle.id, None)
         with anyio.CancelScope(shield=True), contextlib.suppress(SandboxError):
             await self._runtime.remove(handle, started=False)
+
+
+def _key(config: SandboxDefaults) -> bytes:
+    """Sandboxes of equal settings are interchangeable (settings hold dicts: not hashable)."""
+    return msgspec.json.encode(config)

@@ -197,7 +197,7 @@ class Sandbox:
                     try:
                         runtime.check_open()
                         # A hand-over from the warm pool, else a new sandbox.
-                        handle = pool.take(self.config) if pool is not None else None
+                        handle = await pool.take(self.config) if pool is not None else None
                         if handle is None:
                             handle = await runtime.create(runtime.spec(self.config))
                         self._handle = handle

@@ -164,7 +164,7 @@ class Session:
             metrics=self._metrics,
             log=self._log,
         )
-        self._pool = None if warm_pool is None else Pool(self._runtime, warm_pool, self.defaults)
+        self._pool = Pool(self._runtime, warm_pool, self.defaults)
         self._sandboxes: set[Sandbox] = set()
         self._owner = SandboxOwner(self._runtime, self._sandboxes, self._pool)
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -197,8 +197,7 @@ class Session:
             except BaseException:
                 await self.aclose()
                 raise
-        if self._pool is not None:
-            self._task_group.start_soon(self._pool.keep, name="asyncsandbox:warm pool")
+        self._task_group.start_soon(self._pool.keep, name="asyncsandbox:pool")
         if self._sweep:
             try:
                 await self.gc()
@@ -228,12 +227,21 @@ class Session:
         # Starts still waiting (for capacity, or on the backend) give up: none may create a
         # sandbox once the removals below have begun.
         self._runtime.begin_close()
-        if self._task_group is not None:
-            # Not shielded, but nothing to wait for beyond the cancelled operations' own
-            # (shielded, bounded) cleanup. It must exit outside any scope opened after it.
-            self._task_group.cancel_scope.cancel()
-            task_group, self._task_group = self._task_group, None
-            await task_group.__aexit__(None, None, None)
+        try:
+            if self._task_group is not None:
+                # Not shielded (it must exit outside any scope opened after it): if our
+                # caller is cancelled meanwhile, this raises, and the finally still
+                # removes everything, then the cancellation goes on.
+                self._task_group.cancel_scope.cancel()
+                task_group, self._task_group = self._task_group, None
+                await task_group.__aexit__(None, None, None)
+        finally:
+            await self._release(errors)
+        if errors:
+            raise errors[0]
+
+    async def _release(self, errors: list[BaseException]) -> None:
+        """Remove every sandbox and snapshot of the session, and close the backend."""
         # Shielded: leaking sandboxes because the caller was cancelled is exactly the bug
         # this runtime exists to prevent. Every step below is bounded by its own deadline.
         with anyio.CancelScope(shield=True):
@@ -247,8 +255,7 @@ class Session:
             async with anyio.create_task_group() as tg:
                 for sandbox in list(self._sandboxes):
                     tg.start_soon(stop, sandbox)
-                if self._pool is not None:
-                    tg.start_soon(self._pool.discard_all)
+                tg.start_soon(self._pool.discard_all)
             # Then the snapshots that go with the session (not those kept).
             async with anyio.create_task_group() as tg:
                 for snapshot_id in list(self._runtime.snapshots):
@@ -256,13 +263,14 @@ class Session:
         if not self._metrics.empty:
             self.log_metrics(reset=True)  # the final figures of the run
         try:
+            # Not shielded: the backend may hold a task group entered before our scopes
+            # (see Runtime.close); Backend.aclose shields what it must.
             await self._runtime.close()
-        except Exception as exc:  # noqa: BLE001 - raised below, after the bookkeeping
+        except Exception as exc:  # noqa: BLE001 - raised by aclose, after the bookkeeping
             errors.append(exc)
-        self._state = SessionState.CLOSED
+        finally:
+            self._state = SessionState.CLOSED
         self._log.debug("session.closed", statistics=self._runtime.counts)
-        if errors:
-            raise errors[0]
 
     async def _delete_snapshot(self, snapshot_id: str, errors: list[BaseException]) -> None:
         try:
@@ -310,14 +318,16 @@ class Session:
         max_output_bytes: int | None = None,
         **overrides: Any,
     ) -> ExecResult:
-        """Run one command in a fresh sandbox that is removed afterwards (a reward check).
+        """Run one command in a fresh sandbox that is gone afterwards (a reward check).
 
         ``overrides`` configure the sandbox as in :meth:`sandbox`; the other arguments are
-        those of :meth:`Sandbox.exec`.
+        those of :meth:`Sandbox.exec`. The sandbox is ``recyclable`` unless the overrides
+        say otherwise: where the backend can reset one, the next call gets it back reset,
+        a fresh sandbox to it, without the cost of a new one.
 
         Cancellation: the command is killed and the sandbox removed.
         """
-        async with self.sandbox(**overrides) as sandbox:
+        async with self.sandbox(**{"recyclable": True, **overrides}) as sandbox:
             return await sandbox.exec(
                 argv,
                 cwd=cwd,
@@ -348,7 +358,8 @@ class Session:
         it as in :meth:`sandbox`): compile once, run every case, return typed verdicts and
         a score (see :mod:`asyncsandbox.judge`). The other arguments are the fields of
         :class:`~asyncsandbox.judge.JudgeRequest`, documented there; ``cases`` may be
-        dicts of :class:`~asyncsandbox.judge.TestCase` fields.
+        dicts of :class:`~asyncsandbox.judge.TestCase` fields. The sandbox is
+        ``recyclable`` (see :meth:`run`) unless the overrides say otherwise.
 
         Cancellation: running cases are killed and the sandbox removed.
         """
@@ -373,7 +384,7 @@ class Session:
             spec = self._runtime.spec(self.defaults.merged(dict(overrides)))
             request = msgspec.structs.replace(request, sandbox=spec)
             return await judge_remotely(request, self._runtime.translate(backend.judge(request)))
-        return await judge_fresh(request, lambda: self.sandbox(**overrides))
+        return await judge_fresh(request, lambda: self.sandbox(**{"recyclable": True, **overrides}))
 
     def submit(self, awaitable: Awaitable[T], *, name: str | None = None) -> Operation[T]:
         """Run ``awaitable`` in the session's background and return its handle at once.
@@ -529,8 +540,8 @@ class Session:
             execs_finished=c["finished"],
             execs_timed_out=c["timed_out"],
             execs_failed=c["failed"],
-            pool_ready=0 if self._pool is None else self._pool.ready,
-            pool_hits=0 if self._pool is None else self._pool.hits,
+            pool_ready=self._pool.ready,
+            pool_hits=self._pool.hits,
         )
 
     def __repr__(self) -> str:

@@ -164,8 +164,13 @@ def test_context_managers(process_root: Path) -> None:
         assert sandbox_dirs(process_root) == []
         result = session.run(["sh", "-c", "echo from run"], timeout=30).result()
         assert result.stdout == b"from run\n"
-        assert sandbox_dirs(process_root) == []  # run() removes its sandbox
+        # run()'s sandbox is recyclable: reset and kept for the next run(), not removed...
+        assert len(sandbox_dirs(process_root)) == 1
+        # ...unless asked otherwise (that one is removed; the recycled one stays).
+        session.run(["true"], timeout=30, recyclable=False).result()
+        assert len(sandbox_dirs(process_root)) == 1
     assert session.closed
+    assert sandbox_dirs(process_root) == []  # the recycled one goes with the session
 
 
 def test_unclosed_session_is_closed_when_collected(process_root: Path) -> None:

@@ -177,7 +177,9 @@ class FusionHandlers:
         if body.memory_limit_MB > 0:
             resources = msgspec.structs.replace(resources, memory_mb=body.memory_limit_MB)
         try:
-            sandbox = self.server.session.sandbox(resources=resources, tags=(tenant.tag,))
+            sandbox = self.server.session.sandbox(
+                resources=resources, tags=(tenant.tag,), recyclable=True
+            )
         except SandboxError as exc:
             raise error_for(exc) from None
         answer: RunCodeResponse | None = None

@@ -336,7 +336,7 @@ class Handlers:
         async def work() -> None:
             nonlocal result
             session = self.server.session
-            result = await judge(lambda: session.sandbox(**arguments), body)
+            result = await judge(lambda: session.sandbox(**arguments, recyclable=True), body)
 
         async with self.tenancy.ephemeral(tenant):
             if await until_disconnect(request.receive, work):
