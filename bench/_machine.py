@@ -64,7 +64,7 @@ def source_digest() -> str:
     """sha256 over the runtime's and backends' Python sources (which code was measured;
     the harness does not read version control)."""
     digest = hashlib.sha256()
-    for top in ("asyncsandbox", "backends", "bench"):
+    for top in ("asyncsandbox", "backends", "integrations", "bench"):
         for path in sorted((REPO / top).rglob("*.py")):
             digest.update(str(path.relative_to(REPO)).encode())
             digest.update(path.read_bytes())

@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PLUGINS = ("asyncsandbox_docker", "asyncsandbox_remote", "asyncsandbox_ray")
+PLUGINS = (
+    "asyncsandbox_docker",
+    "asyncsandbox_remote",
+    "asyncsandbox_ray",
+    "asyncsandbox_inspect",
+)
 
 
 def imports(path: Path) -> Iterator[tuple[int, str]]:
@@ -35,7 +40,7 @@ def sources(*folders: str) -> list[Path]:
     )
 
 
-@pytest.mark.parametrize("folder", ["backends", "examples", "bench"])
+@pytest.mark.parametrize("folder", ["backends", "integrations", "examples", "bench"])
 def test_outside_the_core_only_the_public_api_is_used(folder: str) -> None:
     private = [
         f"{path.relative_to(ROOT)}:{line}: {name}"
