@@ -1,0 +1,30 @@
+"""An MCP server over asyncsandbox: ``asyncsandbox mcp`` (stdio, or streamable HTTP).
+
+Each MCP session gets a sandbox of its own, created on its first tool call and removed
+when the session ends (its client leaves or ends it, it stays idle past
+:attr:`McpConfig.idle_timeout`, or the server stops). Its tools are
+:class:`asyncsandbox.tools.Toolbox`'s: the same names, arguments and schemas, with MCP's
+behaviour hints. A tool's failure is a result with ``isError`` (and, when the failure is
+the infrastructure's rather than the call's, ``_meta["asyncsandbox/infrastructure_error"]``),
+never a protocol error.
+
+Embed it with :func:`serve_stdio`, :func:`serve_http`, or mount :func:`create_app` (an ASGI
+application, asyncio) over a :class:`Workspaces` of your own.
+"""
+
+from ._cli import main as main
+from ._config import McpConfig as McpConfig
+from ._http import create_app as create_app, serve_http as serve_http
+from ._server import INFRASTRUCTURE_ERROR as INFRASTRUCTURE_ERROR
+from ._stdio import serve_stdio as serve_stdio
+from ._workspaces import Workspaces as Workspaces
+
+__all__ = (
+    "McpConfig",
+    "Workspaces",
+    "serve_stdio",
+    "serve_http",
+    "create_app",
+    "INFRASTRUCTURE_ERROR",
+    "main",
+)
