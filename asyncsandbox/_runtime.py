@@ -237,9 +237,21 @@ class Runtime:
         self.metrics.started(startup_seconds)
         self.log.debug("sandbox.started", sandbox_id=handle.id, seconds=round(startup_seconds, 4))
 
-    async def remove(self, handle: SandboxHandle, *, started: bool = True) -> None:
+    async def attach(self, sandbox_id: str) -> SandboxHandle:
+        """A handle to a running sandbox of any session, by id (``SandboxNotFound`` if it
+        is gone). It takes no ``live`` slot: it was counted where it was created."""
+        self.check_open()
+        async with self.lifecycle.slot():
+            return await self.call(
+                "attach", lambda: self.backend.attach(sandbox_id), timeout=self.timeouts.operation
+            )
+
+    async def remove(
+        self, handle: SandboxHandle, *, started: bool = True, attached: bool = False
+    ) -> None:
         """Remove a sandbox and release its ``live`` slot, even if the removal fails.
         ``started``: it was handed to a Sandbox (not a pooled one never used).
+        ``attached``: it came from :meth:`attach` (it holds no slot here).
 
         Cancellation: call it shielded; it is bounded by ``Timeouts.remove``.
         """
@@ -257,7 +269,8 @@ class Runtime:
             self.log.debug("sandbox.removed", sandbox_id=handle.id)
         finally:
             self._running.pop(handle.id, None)
-            self.live.release()
+            if not attached:
+                self.live.release()
 
     async def remove_by_id(self, sandbox_id: str) -> None:
         """Remove a sandbox of any session, by id (``SandboxNotFound`` if it is gone)."""

@@ -110,14 +110,19 @@ class Sandbox:
     All methods are safe to call from many tasks at once (commands run concurrently).
     """
 
-    def __init__(self, owner: SandboxOwner, config: SandboxDefaults) -> None:
+    def __init__(
+        self, owner: SandboxOwner, config: SandboxDefaults, attached: SandboxHandle | None = None
+    ) -> None:
         self._runtime = owner.runtime
         self._owner = owner
         self.config = config
         """The effective settings of this sandbox (the session defaults plus overrides)."""
-        self._state = SandboxState.NEW
-        self._handle: SandboxHandle | None = None
-        self._id: str | None = None
+        # attached: a running sandbox of another session (Session.attach); it stays its
+        # creator's, so our session's close leaves it, but stop() removes it.
+        self._attached = attached is not None
+        self._state = SandboxState.NEW if attached is None else SandboxState.RUNNING
+        self._handle: SandboxHandle | None = attached
+        self._id: str | None = None if attached is None else attached.id
         self._start_lock = anyio.Lock()
         self._dead: SandboxDied | None = None
         self._scopes: set[anyio.CancelScope] = set()
@@ -141,6 +146,12 @@ class Sandbox:
     @property
     def tags(self) -> tuple[str, ...]:
         return self.config.tags
+
+    @property
+    def attached(self) -> bool:
+        """Made by another session and attached to (:meth:`Session.attach`): this session's
+        close leaves it; :meth:`stop` removes it."""
+        return self._attached
 
     @property
     def state(self) -> SandboxState:
@@ -243,7 +254,9 @@ class Sandbox:
                 self._state = _CLOSED
                 if handle is not None:
                     try:
-                        if not self._recycled(handle):
+                        if self._attached:
+                            await self._runtime.remove(handle, attached=True)
+                        elif not self._recycled(handle):
                             await self._runtime.remove(handle)
                     finally:
                         self._owner.sandboxes.discard(self)

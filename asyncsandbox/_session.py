@@ -295,6 +295,23 @@ class Session:
             raise SandboxClosed("the session is closed")
         return Sandbox(self._owner, self.defaults.merged(overrides))
 
+    async def attach(self, sandbox_id: str, **overrides: Any) -> Sandbox:
+        """The running sandbox ``sandbox_id`` of any session on this backend (one whose id
+        was kept, say by another process): its commands and files are reached as a
+        sandbox of this session's are. It stays its creator's: closing this session
+        leaves it running, and only its :meth:`~Sandbox.stop` here removes it.
+        ``overrides`` (any :class:`SandboxDefaults` field) describe it as it was made: the
+        working directory commands start in, above all; the session's defaults otherwise.
+
+        Raises :class:`SandboxNotFound` when there is no such sandbox (any more).
+
+        Cancellation: nothing to undo (attaching creates nothing).
+        """
+        self._check_open()
+        check.identifier("sandbox id", sandbox_id)
+        handle = await self._runtime.attach(sandbox_id)
+        return Sandbox(self._owner, self.defaults.merged(overrides), handle)
+
     async def delete_snapshot(self, snapshot: Snapshot | str) -> None:
         """Delete a snapshot (a kept one, or one before its session closes); sandboxes
         started from it go on. Idempotent.

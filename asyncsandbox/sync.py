@@ -394,9 +394,10 @@ class SyncSandbox:
         # Dropped without stop(): stopped when collected, so that a reward function calling
         # `session.sandbox().exec(...)` every step does not fill the session's `max_live`
         # with sandboxes nobody will use again. At interpreter exit the session's own close
-        # removes them, so this need not run then.
-        finalizer = weakref.finalize(self, owner._runtime.stop_orphan, sandbox)
-        finalizer.atexit = False
+        # removes them, so this need not run then. An attached sandbox is its creator's.
+        if not sandbox.attached:
+            finalizer = weakref.finalize(self, owner._runtime.stop_orphan, sandbox)
+            finalizer.atexit = False
 
     @property
     def id(self) -> str | None:
@@ -407,6 +408,11 @@ class SyncSandbox:
     def state(self) -> str:
         """``new``, ``starting``, ``running``, ``stopping`` or ``closed``."""
         return self._sandbox.state
+
+    @property
+    def attached(self) -> bool:
+        """Made by another session and attached to (see :meth:`SyncSession.attach`)."""
+        return self._sandbox.attached
 
     @property
     def config(self) -> SandboxDefaults:
@@ -665,6 +671,12 @@ class SyncSession:
             return self._session.sandbox(**overrides)
 
         return SyncSandbox(self, self._runtime.call("SyncSession.sandbox()", create))
+
+    def attach(self, sandbox_id: str, **overrides: Any) -> SyncSandbox:
+        """The running sandbox ``sandbox_id`` of any session (see
+        :meth:`asyncsandbox.Session.attach`). Blocks."""
+        call = functools.partial(self._session.attach, sandbox_id, **overrides)
+        return SyncSandbox(self, self._runtime.call("SyncSession.attach()", call))
 
     def judge(
         self,

@@ -27,6 +27,7 @@ from asyncsandbox import (
     SandboxClosed,
     SandboxDefaults,
     SandboxDied,
+    SandboxNotFound,
     Session,
     Timeouts,
     _owner,
@@ -67,6 +68,28 @@ async def test_first_use_starts_and_session_close_removes() -> None:
         assert fake.world.live == 5
     assert fake.world.live == 0
     assert all(sb.state == "closed" for sb in sandboxes)
+
+
+async def test_attach_reaches_a_sandbox_of_another_session_and_leaves_it_to_its_creator() -> None:
+    world = FakeWorld()
+    async with session(FakeBackend(world=world)) as creator:
+        made = creator.sandbox()
+        await made.write_file("note", "kept")
+        assert made.id is not None
+        async with session(FakeBackend(world=world), limits=Limits(max_live=1)) as other:
+            attached = await other.attach(made.id)
+            assert attached.attached
+            assert not made.attached
+            assert (attached.id, attached.state) == (made.id, "running")
+            assert await attached.read_file("note") == b"kept"
+            await other.sandbox().exec(["true"])  # attaching took no live slot here
+        assert world.live == 1  # the attaching session's close left it
+        assert (await made.exec(["cat", "note"])).stdout == b"kept"
+        async with session(FakeBackend(world=world)) as other:
+            await (await other.attach(made.id)).stop()  # an explicit stop removes it
+            assert world.live == 0
+            with pytest.raises(SandboxNotFound):
+                await other.attach(made.id)
 
 
 async def test_concurrent_starts_create_once() -> None:
