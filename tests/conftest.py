@@ -210,3 +210,13 @@ async def process_launch_failure(sandbox: Sandbox) -> AsyncIterator[None]:
         handle: Any = sandbox._handle
         await handle.stop_executor()
         yield
+
+
+@pytest.fixture(scope="module")
+def module_process_root() -> Iterator[Path]:
+    """A private sandbox root shared by one test module's tests (for class- and
+    module-scoped sandboxes and servers)."""
+    root = default_root().parent / "tests" / uuid.uuid4().hex[:10]
+    root.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)

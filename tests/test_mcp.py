@@ -88,16 +88,8 @@ class HttpServer:
 
 
 @pytest.fixture(scope="module")
-def module_root() -> Iterator[Path]:
-    import shutil
-    import uuid
-
-    from asyncsandbox._process._backend import default_root  # tests may reach into the core
-
-    root = default_root().parent / "tests" / uuid.uuid4().hex[:10]
-    root.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+def module_root(module_process_root: Path) -> Path:
+    return module_process_root
 
 
 @pytest.fixture(scope="module")
@@ -244,14 +236,19 @@ async def test_a_timeout_ends_the_call_and_keeps_the_session(
     async with connect() as client:
         await client.call_tool("bash", {"command": "echo kept > state"})
         slow = await client.call_tool(
-            "bash", {"command": "echo started; echo $$ > pid; exec sleep 60", "timeout": 0.5}
+            "bash",
+            {
+                "command": "echo started; exec flock held sh -c 'touch locked; exec sleep 60'",
+                "timeout": 0.5,
+            },
         )
         assert slow.is_error
         assert text(slow).startswith("timed out after 0.5s (the command was killed)")
         assert "started" in text(slow)
         assert (slow.meta or {}).get(INFRASTRUCTURE_ERROR) is None  # the call's doing
-        after = await client.call_tool("bash", {"command": "cat state; kill -0 $(cat pid)"})
-        assert text(after).startswith("exit=1\nkept\n")  # the sleep was killed
+        # The sleep held a lock on `held`: it is free again, so the sleep was killed.
+        after = await client.call_tool("bash", {"command": "cat state locked; flock -n held true"})
+        assert text(after) == "exit=0\nkept\n"
 
 
 async def test_a_client_that_gives_up_on_a_call_keeps_its_session(
@@ -263,12 +260,17 @@ async def test_a_client_that_gives_up_on_a_call_keeps_its_session(
         await client.call_tool("bash", {"command": "echo kept > state"})
         with pytest.raises(MCPError):
             await client.call_tool(
-                "bash", {"command": "echo $$ > pid; exec sleep 60"}, read_timeout_seconds=2
+                "bash",
+                {"command": "exec flock held sh -c 'touch locked; exec sleep 60'"},
+                read_timeout_seconds=2,
             )
 
         async def killed() -> bool:
-            probe = await client.call_tool("bash", {"command": "kill -0 $(cat pid)"})
-            return text(probe).startswith("exit=1")
+            # The sleep holds a lock on `held` until it dies.
+            probe = await client.call_tool(
+                "bash", {"command": "test -e locked && flock -n held true"}
+            )
+            return text(probe).startswith("exit=0")
 
         await eventually(killed)
         assert text(await client.call_tool("read_file", {"path": "state"})) == "kept\n"
