@@ -16,6 +16,10 @@ PLUGINS = (
     "asyncsandbox_remote",
     "asyncsandbox_ray",
     "asyncsandbox_inspect",
+    "asyncsandbox_mcp",
+    "asyncsandbox_pydantic_ai",
+    "asyncsandbox_langchain",
+    "asyncsandbox_openai_agents",
 )
 
 
