@@ -15,6 +15,7 @@ import argparse
 import ast
 import contextlib
 import gc
+import importlib
 import io
 import json
 import logging
@@ -588,13 +589,13 @@ def art_sandbox_defaults(ctx: Context) -> None:
 
 
 def art_rollout_tools(ctx: Context) -> None:
+    # openai's type when it is installed (the agent integrations bring it), else a dict.
+    tool_param: object
     try:
-        from openai.types.chat import ChatCompletionToolParam  # type: ignore[import-not-found]
+        tool_param = importlib.import_module("openai.types.chat").ChatCompletionToolParam
     except ImportError:
-        ChatCompletionToolParam = dict
-    ns = run_block(
-        ctx.seed, ctx.name, ctx.namespace(ChatCompletionToolParam=ChatCompletionToolParam)
-    )
+        tool_param = dict
+    ns = run_block(ctx.seed, ctx.name, ctx.namespace(ChatCompletionToolParam=tool_param))
     [tool] = ns["ROLLOUT_TOOLS"]
     check(tool["function"]["name"] == "execute_code", str(tool))
     check(tool["function"]["parameters"]["required"] == ["code"], str(tool))
