@@ -16,6 +16,8 @@ from typing import IO, Any, Self
 import structlog
 from structlog.typing import EventDict, WrappedLogger
 
+import asyncsandbox
+
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     """``--backend``, ``--backend-option KEY=VALUE`` (repeatable) and ``--image``."""
@@ -55,6 +57,14 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError:
             options[key] = value
     return options
+
+
+def new_session(args: argparse.Namespace) -> asyncsandbox.Session:
+    """A :class:`~asyncsandbox.Session` on ``--backend``, its options and ``--image``."""
+    defaults = asyncsandbox.SandboxDefaults(image=args.image) if args.image else None
+    return asyncsandbox.Session(
+        args.backend, backend_options=backend_options(args), defaults=defaults
+    )
 
 
 def configure_logging(verbose: int = 0) -> None:

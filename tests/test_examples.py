@@ -22,7 +22,16 @@ import pytest
 from .conftest import docker_test_image
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-EXAMPLE_SCRIPTS = ("reward_function.py", "trl_grpo.py", "agent_rollouts.py", "swe_task_env.py")
+EXAMPLE_SCRIPTS = (
+    "reward_function.py",
+    "trl_grpo.py",
+    "agent_rollouts.py",
+    "swe_task_env.py",
+    "mcp_client.py",
+    "pydantic_ai_agent.py",
+    "langchain_deep_agent.py",
+    "openai_agents_shell.py",
+)
 REWARD_CALL = re.compile(
     r"Reward call (\d+): (\d+) sandboxes, (\d+)/(\d+) passed(?:, (\d+) skipped \(no code\))?$"
 )
@@ -584,3 +593,73 @@ def test_swe_task_env_with_an_openai_endpoint(process_root: Path, tmp_path: Path
     assert observation["role"] == "tool"
     assert observation["content"] == "exit=0\npagination.py\ntest_pagination.py\n"
     assert "10 items and 3 items per page" in endpoint.requests[0]["messages"][1]["content"]
+
+
+# -- agent frameworks: one loop each, with a scripted model ----------------------------------
+
+
+def test_mcp_client(process_root: Path) -> None:
+    out, _ = run_example("mcp_client.py", root=process_root)
+    assert out.splitlines() == [
+        "Tools: bash, read_file, write_file, str_replace_editor",
+        "> write_file: Wrote 67 bytes to primes.py.",
+        "> bash (error): exit=1 ... SyntaxError: '(' was never closed",
+        (
+            "> str_replace_editor: Edited primes.py. The changed lines, with context: ...      1\t"
+            "print([n for n in range(2, 30) if all(n % d for d in range(2, n))])"
+        ),
+        "> bash: exit=0 ... [2, 3, 5, 7, 11, 13, 17, 19, 23, 29]",
+    ]
+    assert_no_sandboxes(process_root)
+
+
+def test_pydantic_ai_agent(process_root: Path) -> None:
+    out, _ = run_example("pydantic_ai_agent.py", root=process_root)
+    lines = out.splitlines()
+    assert [line.split(" ")[1] for line in lines if line.startswith("> ")] == [
+        "write_file",
+        "shell",
+        "write_file",
+        "shell",
+    ]
+    returns = [line for line in lines if line.startswith("< ")]
+    assert returns[1] == "< exit=1 ... SyntaxError: '(' was never closed"
+    assert returns[3] == "< exit=0 ... FizzBuzz"
+    assert "Answer: Done. The last lines:" in out
+    assert re.search(r"Workspace: WorkspaceRef\(provider='asyncsandbox', id='[^']+'\)", out)
+    assert "Attached by ref: fizzbuzz.py has 119 bytes" in out
+    assert_no_sandboxes(process_root)
+
+
+def test_langchain_deep_agent(process_root: Path) -> None:
+    out, _ = run_example("langchain_deep_agent.py", root=process_root)
+    assert "< AssertionError: -1 | [Command failed with exit code 1]" in out
+    assert "< Successfully replaced 1 instance(s) of the string in '/workspace/calc.py'" in out
+    assert "< ok | [Command succeeded with exit code 0]" in out
+    assert "test_calc.py in the sandbox afterwards: exit=0 ok" in out
+    assert_no_sandboxes(process_root)
+
+
+def test_openai_agents_shell(process_root: Path) -> None:
+    out, _ = run_example("openai_agents_shell.py", root=process_root)
+    assert out.splitlines() == [
+        "$ ls *.py -> 0: c.py",
+        "$ python3 a.py -> 0: 45",
+        "$ python3 b.py -> 1: KeyError: 'missing'",
+        "$ python3 c.py -> timeout: ",
+        "Answer: b.py crashes (KeyError); c.py never ends; a.py prints 45.",
+    ]
+    assert_no_sandboxes(process_root)
+
+
+def assert_no_sandboxes(root: Path) -> None:
+    """Nothing the example made is left under its sandbox root."""
+    import anyio
+
+    from asyncsandbox import SandboxInfo, Session
+
+    async def listed() -> list[SandboxInfo]:
+        async with Session("process", backend_options={"root": str(root)}, sweep=False) as s:
+            return await s.list()
+
+    assert anyio.run(listed) == []
