@@ -81,8 +81,10 @@ class Workspaces:
     ) -> bool | None:
         try:
             if self._task_group is not None:
+                # Only the expiry loop runs in it: stop it. The body's own exception (if any)
+                # propagates from here unchanged, not wrapped in the group's.
                 self._task_group.cancel_scope.cancel()
-                await self._task_group.__aexit__(exc_type, exc, tb)
+                await self._task_group.__aexit__(None, None, None)
         finally:
             await self.aclose()
         return None
