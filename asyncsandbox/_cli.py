@@ -188,6 +188,11 @@ PLUGIN_COMMANDS: dict[str, tuple[str, str, str]] = {
         "the remote backend",
         "asyncsandbox[remote]",
     ),
+    "mcp": (
+        "an MCP server: a sandbox per MCP session (stdio or streamable HTTP)",
+        "the MCP server",
+        "asyncsandbox[mcp]",
+    ),
 }
 
 

@@ -287,6 +287,22 @@ def test_serve_without_the_remote_plugin_says_what_to_install(
     assert usage.stdout.decode().startswith("usage: asyncsandbox serve")
 
 
+def test_mcp_without_its_plugin_says_what_to_install(process_root: Path, tmp_path: Path) -> None:
+    """``asyncsandbox mcp`` comes from the asyncsandbox-mcp distribution's entry point, as
+    ``serve`` does from the remote backend's."""
+    site = site_without(tmp_path, "asyncsandbox_mcp")
+    done = python_with(site, "mcp", root=process_root)
+    assert done.returncode == 2
+    assert (
+        done.stderr == b"asyncsandbox mcp needs the MCP server: pip install 'asyncsandbox[mcp]'\n"
+    )
+    listed = python_with(site, "--help", root=process_root).stdout.decode()
+    assert "an MCP server: a sandbox per MCP session" in listed
+    usage = python_with(site_packages(), "mcp", "--help", root=process_root)
+    assert usage.returncode == 0, usage.stderr.decode()
+    assert usage.stdout.decode().startswith("usage: asyncsandbox mcp")
+
+
 PLUGIN = """
 import json, sys
 
