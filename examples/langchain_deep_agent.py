@@ -46,12 +46,14 @@ def script() -> list[AIMessage]:
         return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call-{n}"}])
 
     return [
-        call("execute", 1, command="cd /workspace && python3 test_calc.py"),
+        # -B: an edit within the same second that keeps the file's size would otherwise
+        # run the stale bytecode Python cached for it (it compares mtime seconds and size).
+        call("execute", 1, command="cd /workspace && python3 -B test_calc.py"),
         call("read_file", 2, file_path="/workspace/calc.py"),
         call(
             "edit_file", 3, file_path="/workspace/calc.py", old_string="a - b", new_string="a + b"
         ),
-        call("execute", 4, command="cd /workspace && python3 test_calc.py"),
+        call("execute", 4, command="cd /workspace && python3 -B test_calc.py"),
         AIMessage(content="Fixed: add() subtracted; test_calc.py prints ok now."),
     ]
 
@@ -76,7 +78,7 @@ async def main(args: argparse.Namespace) -> None:
             elif isinstance(message, ToolMessage):
                 print(f"< {show(str(message.content))}"[:120])
         print(f"Answer: {result['messages'][-1].content}")
-        check = await sandbox.exec(["python3", "test_calc.py"])
+        check = await sandbox.exec(["python3", "-B", "test_calc.py"])
         print(
             f"test_calc.py in the sandbox afterwards: exit={check.returncode} {check.stdout_text.strip()}"
         )
