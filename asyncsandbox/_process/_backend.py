@@ -32,7 +32,7 @@ from .._errors import (
 )
 from .._log import get_logger
 from .._models import SandboxInfo, SandboxStatus
-from .._shellfiles import ShellFiles, ShellProcess
+from .._shellfiles import InteractiveProcess, ShellFiles
 from .._util import single_error
 from ..abc import (
     Backend,
@@ -315,6 +315,7 @@ class ProcessBackend(Backend):
             # Without isolation, a command's daemons leave its process group: a reset
             # could not be sure that none survives.
             reset=mechanism.isolated,
+            interactive=True,
         )
         get_logger().debug(
             "process.backend.ready",
@@ -955,14 +956,18 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         )
         return error
 
-    # -- files -----------------------------------------------------------------------------
+    # -- interactive processes (file operations, the code interpreter) ----------------------
 
     @asynccontextmanager
-    async def shell(
-        self, script: str, args: Sequence[str], *, stdin: bool
-    ) -> AsyncIterator[ShellProcess]:
-        argv = ("/bin/sh", "-c", script, "sh", *args)
-        async with self._started(argv, "/", {"LC_ALL": "C"}, stdin) as run:
+    async def interact(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bool = True,
+    ) -> AsyncIterator[InteractiveProcess]:
+        async with self._started(argv, cwd, env, stdin) as run:
             started = _Script(run)
             with single_error():
                 async with anyio.create_task_group() as tg:
@@ -1112,7 +1117,7 @@ async def _terminate(process: Child) -> None:
 
 
 class _Script:
-    """A file-operation script (:class:`ShellProcess`): a started command whose stderr
+    """An interactive process (:class:`InteractiveProcess`): a started command whose stderr
     (its first 4 KiB) says why it failed. Run :meth:`read_stderr` alongside."""
 
     def __init__(self, run: _Run) -> None:

@@ -128,6 +128,7 @@ class DockerBackend(Backend):
             reports_signal=fast_path,
             snapshots=True,
             reset=recyclable,
+            interactive=fast_path,
         )
 
     @property
