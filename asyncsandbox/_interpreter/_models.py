@@ -124,7 +124,8 @@ class Execution(msgspec.Struct, frozen=True, kw_only=True):
     (:attr:`error`), never raised: the context lives on with its state."""
 
     results: list[Result] = msgspec.field(default_factory=list)
-    """What was displayed, in order; the main result (if any) is the last."""
+    """What was displayed, in order: ``display()`` calls and shown figures as they came,
+    then the main result (if any), then the figures left open at the end."""
     logs: Logs = msgspec.field(default_factory=Logs)
     error: ExecutionError | None = None
     """The exception the code raised (``None``: it ran to its end)."""

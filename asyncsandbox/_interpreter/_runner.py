@@ -547,10 +547,10 @@ class Supervisor:
             poller.register(self.wake_r, select.POLLIN)
             if self.host_open:
                 poller.register(0, select.POLLIN)
-                fds[0] = ("host", None)
+                fds[0] = ("from host", None)
             if self.outbox:
                 poller.register(1, select.POLLOUT)
-                fds[1] = ("out", None)
+                fds[1] = ("to host", None)
             reading = len(self.outbox) < HIGH_WATER
             deadline: float | None = None
             for each in self.contexts.values():
@@ -577,9 +577,9 @@ class Supervisor:
                     while read_some(self.wake_r):
                         pass
                     self.on_child()
-                elif name == "host":
+                elif name == "from host":
                     self.on_host()
-                elif name == "out":
+                elif name == "to host":
                     try:
                         del self.outbox[: os.write(1, self.outbox)]
                     except BlockingIOError:

@@ -784,16 +784,17 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
                     self._check_alive()
                     raise self._launch_error(returncode, run.stderr.launcher_output)
                 yield run
-            except BaseException:
-                # Shielded and bounded: the command's whole tree must be gone before we
-                # return; an executor that does not confirm it is given up (with every
-                # command of the sandbox: that is the only way to be sure).
+            finally:
+                # Whenever the block exits before the command ended (an error, a
+                # cancellation, or a caller done with it: an interactive process), its
+                # whole tree must be gone before we return. Shielded and bounded; an
+                # executor that does not confirm it is given up (with every command of the
+                # sandbox: that is the only way to be sure). A no-op for an ended command.
                 with anyio.CancelScope(shield=True):
                     with anyio.move_on_after(self._backend.timeouts.cleanup) as scope:
                         await executor.kill(run.command)
                     if scope.cancelled_caught:
                         await self._drop_executor(executor)
-                raise
         finally:
             run.close()
 
