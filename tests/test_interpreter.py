@@ -9,16 +9,19 @@ recycling, and hostile code going for the runner's protocol.
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import textwrap
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from asyncsandbox_remote import RemoteBackend
 
 from asyncsandbox import (
     CodeContext,
@@ -38,46 +41,61 @@ from asyncsandbox.abc import Backend
 from asyncsandbox.testing import FakeBackend
 
 from .conftest import docker_test_image, require_docker
+from .test_remote import ALICE, Server, _new_root
 
 IS_ROOT = os.geteuid() == 0
 ROOTFS = os.environ.get("ASYNCSANDBOX_TEST_ROOTFS")
 
 
-@pytest.fixture(params=["process", "docker"])
-def kind(request: pytest.FixtureRequest, anyio_backend: str) -> str:
+class Target:
+    """Where a test's sandboxes run: a backend, made anew for each session."""
+
+    def __init__(self, kind: str, make: Callable[..., Backend]) -> None:
+        self.kind = kind
+        self.make = make
+
+
+@pytest.fixture(scope="module")
+def remote_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A real server (``asyncsandbox serve``, the process backend) on loopback."""
+    root = _new_root()
+    server = Server(tmp_path_factory.mktemp("interpreter-remote"), root=root)
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["process", "docker", "remote"])
+def target(request: pytest.FixtureRequest, anyio_backend: str, process_root: Path) -> Target:
     """The backend a test runs on (Docker: on asyncio only, as the backend says)."""
-    if request.param == "docker":
+    kind = str(request.param)
+    if kind == "docker":
         if anyio_backend != "asyncio":
             pytest.skip("the Docker backend runs on asyncio only")
         require_docker()
-    return str(request.param)
-
-
-def make_backend(kind: str, root: Path, **options: Any) -> Backend:
-    if kind == "docker":
         from asyncsandbox_docker import DockerBackend
 
-        return DockerBackend(default_image=docker_test_image(), **options)
+        return Target(kind, functools.partial(DockerBackend, default_image=docker_test_image()))
+    if kind == "remote":
+        server: Server = request.getfixturevalue("remote_server")
+        return Target(kind, lambda **options: RemoteBackend(server.url, ALICE, **options))
     from asyncsandbox._process import ProcessBackend
 
-    return ProcessBackend(root=root, **options)
+    return Target(kind, functools.partial(ProcessBackend, root=process_root))
 
 
 def session(
-    kind: str, root: Path, *, backend_options: dict[str, Any] | None = None, **kwargs: Any
+    target: Target, *, backend_options: dict[str, Any] | None = None, **kwargs: Any
 ) -> Session:
     defaults = kwargs.pop("defaults", None) or SandboxDefaults(tags=("test-interpreter",))
-    return Session(
-        make_backend(kind, root, **(backend_options or {})),
-        defaults=defaults,
-        sweep=False,
-        **kwargs,
-    )
+    return Session(target.make(**(backend_options or {})), defaults=defaults, sweep=False, **kwargs)
 
 
 @asynccontextmanager
-async def sandbox(kind: str, root: Path, **overrides: Any) -> AsyncIterator[Sandbox]:
-    async with session(kind, root) as s, s.sandbox(**overrides) as sb:
+async def sandbox(target: Target, **overrides: Any) -> AsyncIterator[Sandbox]:
+    async with session(target) as s, s.sandbox(**overrides) as sb:
         yield sb
 
 
@@ -119,10 +137,8 @@ def stderr(execution: Execution) -> str:
 # -- state and results ----------------------------------------------------------------------
 
 
-async def test_state_persists_and_the_last_expression_is_the_main_result(
-    kind: str, process_root: Path
-) -> None:
-    async with sandbox(kind, process_root) as sb:
+async def test_state_persists_and_the_last_expression_is_the_main_result(target: Target) -> None:
+    async with sandbox(target) as sb:
         first = await sb.run_code("import math\nx = 6 * 7\nprint('set')")
         assert first.error is None
         assert first.results == []  # the last statement is no expression
@@ -140,7 +156,7 @@ async def test_state_persists_and_the_last_expression_is_the_main_result(
         assert (await sb.run_code("'text'")).text == "'text'"
 
 
-async def test_rich_formats_become_result_fields(kind: str, process_root: Path) -> None:
+async def test_rich_formats_become_result_fields(target: Target) -> None:
     png = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
     code = textwrap.dedent(
         f"""
@@ -163,7 +179,7 @@ async def test_rich_formats_become_result_fields(kind: str, process_root: Path) 
         Rich()
         """
     )
-    async with sandbox(kind, process_root) as sb:
+    async with sandbox(target) as sb:
         execution = await sb.run_code(code)
         assert execution.error is None, execution.error
         shown, bundle, main = execution.results
@@ -192,14 +208,16 @@ async def test_rich_formats_become_result_fields(kind: str, process_root: Path) 
         }
 
 
-async def test_matplotlib_figures_come_back_as_png(kind: str, process_root: Path) -> None:
+async def test_matplotlib_figures_come_back_as_png(target: Target) -> None:
     # The process backend's sandboxes see this machine's python3, unless given a root
     # filesystem (CI's has matplotlib, as the Docker test image does).
-    overrides = {"image": ROOTFS} if kind == "process" and ROOTFS else {}
-    async with sandbox(kind, process_root, **overrides) as sb:
+    overrides = {"image": ROOTFS} if target.kind in ("process", "remote") and ROOTFS else {}
+    async with sandbox(target, **overrides) as sb:
         probe = await sb.run_code("import matplotlib")
         if probe.error is not None:
-            pytest.skip(f"no matplotlib in the {kind} sandbox's python3: {probe.error.value}")
+            pytest.skip(
+                f"no matplotlib in the {target.kind} sandbox's python3: {probe.error.value}"
+            )
         code = textwrap.dedent(
             """
             import matplotlib.pyplot as plt
@@ -224,8 +242,8 @@ async def test_matplotlib_figures_come_back_as_png(kind: str, process_root: Path
         assert (await sb.run_code("plt.get_fignums()")).text == "[]"
 
 
-async def test_exceptions_are_data_and_the_state_stays(kind: str, process_root: Path) -> None:
-    async with sandbox(kind, process_root) as sb:
+async def test_exceptions_are_data_and_the_state_stays(target: Target) -> None:
+    async with sandbox(target) as sb:
         failed = await sb.run_code("a = 1\nprint('before')\nb = a / 0\nc = 3")
         assert failed.error is not None
         assert failed.error.name == "ZeroDivisionError"
@@ -247,8 +265,8 @@ async def test_exceptions_are_data_and_the_state_stays(kind: str, process_root: 
         assert (await sb.run_code("a")).text == "1"  # exit() ends a cell, not the context
 
 
-async def test_env_applies_to_one_call(kind: str, process_root: Path) -> None:
-    async with sandbox(kind, process_root, env={"KEPT": "sandbox"}) as sb:
+async def test_env_applies_to_one_call(target: Target) -> None:
+    async with sandbox(target, env={"KEPT": "sandbox"}) as sb:
         code = "import os; (os.environ.get('ONLY_NOW'), os.environ.get('KEPT'))"
         now = await sb.run_code(code, env={"ONLY_NOW": "yes", "KEPT": "call"})
         assert now.text == "('yes', 'call')"
@@ -259,10 +277,8 @@ async def test_env_applies_to_one_call(kind: str, process_root: Path) -> None:
 # -- contexts -------------------------------------------------------------------------------
 
 
-async def test_contexts_are_isolated_and_keep_their_directory(
-    kind: str, process_root: Path
-) -> None:
-    async with sandbox(kind, process_root) as sb:
+async def test_contexts_are_isolated_and_keep_their_directory(target: Target) -> None:
+    async with sandbox(target) as sb:
         await sb.run_code("shared = 'default'")
         other = await sb.create_code_context(cwd="/tmp")
         assert other == CodeContext(id=other.id, language="python", cwd="/tmp")
@@ -287,8 +303,8 @@ async def test_contexts_are_isolated_and_keep_their_directory(
         assert (await sb.run_code("'shared' in globals()")).text == "False"
 
 
-async def test_a_relative_directory_is_under_the_workdir(kind: str, process_root: Path) -> None:
-    async with sandbox(kind, process_root) as sb:
+async def test_a_relative_directory_is_under_the_workdir(target: Target) -> None:
+    async with sandbox(target) as sb:
         await sb.exec(["mkdir", "-p", "made"])
         context = await sb.create_code_context(cwd="made")
         assert (await sb.run_code("import os; os.getcwd()", context=context)).text == repr(
@@ -299,8 +315,8 @@ async def test_a_relative_directory_is_under_the_workdir(kind: str, process_root
 # -- timeouts, interrupts, deaths -----------------------------------------------------------
 
 
-async def test_a_timeout_interrupts_and_the_state_stays(kind: str, process_root: Path) -> None:
-    async with sandbox(kind, process_root) as sb:
+async def test_a_timeout_interrupts_and_the_state_stays(target: Target) -> None:
+    async with sandbox(target) as sb:
         await sb.run_code("kept = 'yes'")
         with pytest.raises(ExecTimeout) as raised:
             await sb.run_code(
@@ -323,7 +339,7 @@ async def test_a_timeout_interrupts_and_the_state_stays(kind: str, process_root:
 
 
 async def test_code_that_ignores_the_interrupt_is_killed_with_all_it_started(
-    kind: str, process_root: Path
+    target: Target,
 ) -> None:
     mark = marker()
     code = textwrap.dedent(
@@ -344,7 +360,7 @@ async def test_code_that_ignores_the_interrupt_is_killed_with_all_it_started(
                 pass
         """
     )
-    async with sandbox(kind, process_root) as sb:
+    async with sandbox(target) as sb:
         await sb.run_code("lost = 1")
         started = anyio.current_time()
         with pytest.raises(ExecTimeout) as raised:
@@ -375,9 +391,9 @@ async def test_code_that_ignores_the_interrupt_is_killed_with_all_it_started(
     ids=["exit", "segfault", "sigkill"],
 )
 async def test_a_dying_interpreter_is_reported_and_replaced(
-    kind: str, process_root: Path, code: str, how: str
+    target: Target, code: str, how: str
 ) -> None:
-    async with sandbox(kind, process_root) as sb:
+    async with sandbox(target) as sb:
         await sb.run_code("before = 1")
         other = await sb.create_code_context()
         await sb.run_code("untouched = 1", context=other)
@@ -397,10 +413,10 @@ async def test_a_dying_interpreter_is_reported_and_replaced(
         assert not survived.restarted
 
 
-async def test_an_interpreter_killed_for_memory_is_reported(kind: str, process_root: Path) -> None:
-    if kind == "process" and not IS_ROOT:
+async def test_an_interpreter_killed_for_memory_is_reported(target: Target) -> None:
+    if target.kind == "process" and not IS_ROOT:
         pytest.skip("the process backend enforces memory limits as root (cgroups)")
-    async with sandbox(kind, process_root, resources=Resources(memory_mb=256)) as sb:
+    async with sandbox(target, resources=Resources(memory_mb=256)) as sb:
         await sb.run_code("before = 1")
         hog = await sb.run_code("blocks = []\nwhile True:\n    blocks.append(bytearray(1 << 24))")
         assert hog.error is not None
@@ -411,10 +427,8 @@ async def test_an_interpreter_killed_for_memory_is_reported(kind: str, process_r
         assert (await sb.run_code("'before' in globals()")).text == "False"
 
 
-async def test_cancelling_a_call_interrupts_it_and_the_state_stays(
-    kind: str, process_root: Path
-) -> None:
-    async with sandbox(kind, process_root) as sb:
+async def test_cancelling_a_call_interrupts_it_and_the_state_stays(target: Target) -> None:
+    async with sandbox(target) as sb:
         await sb.run_code("kept = 2")
         printed = anyio.Event()
 
@@ -437,8 +451,8 @@ async def test_cancelling_a_call_interrupts_it_and_the_state_stays(
         assert not after.restarted
 
 
-async def test_restarting_a_context_ends_its_running_call(kind: str, process_root: Path) -> None:
-    async with sandbox(kind, process_root) as sb:
+async def test_restarting_a_context_ends_its_running_call(target: Target) -> None:
+    async with sandbox(target) as sb:
         printed = anyio.Event()
         ended: list[Execution] = []
 
@@ -464,7 +478,7 @@ async def test_restarting_a_context_ends_its_running_call(kind: str, process_roo
 # -- output ---------------------------------------------------------------------------------
 
 
-async def test_an_output_flood_is_bounded(kind: str, process_root: Path) -> None:
+async def test_an_output_flood_is_bounded(target: Target) -> None:
     code = textwrap.dedent(
         """
         import sys
@@ -475,7 +489,7 @@ async def test_an_output_flood_is_bounded(kind: str, process_root: Path) -> None
         print("TAIL")
         """
     )
-    async with sandbox(kind, process_root) as sb:
+    async with sandbox(target) as sb:
         execution = await sb.run_code(code, max_output_bytes=64 * 1024, timeout=300)
         assert execution.error is None
         text = stdout(execution)
@@ -487,7 +501,7 @@ async def test_an_output_flood_is_bounded(kind: str, process_root: Path) -> None
         assert (await sb.run_code("1 + 1")).text == "2"
 
 
-async def test_output_streams_as_it_comes(kind: str, process_root: Path) -> None:
+async def test_output_streams_as_it_comes(target: Target) -> None:
     """on_stdout sees output while the code still runs: the code waits for a file that
     the callback writes once it saw the first line."""
     code = textwrap.dedent(
@@ -500,7 +514,7 @@ async def test_output_streams_as_it_comes(kind: str, process_root: Path) -> None
         42
         """
     )
-    async with sandbox(kind, process_root) as sb:
+    async with sandbox(target) as sb:
         seen: list[str] = []
 
         async def on_stdout(message: OutputMessage) -> None:
@@ -522,9 +536,7 @@ async def test_output_streams_as_it_comes(kind: str, process_root: Path) -> None
         assert final.error == events[-1]
 
 
-async def test_late_background_output_never_lands_in_the_next_call(
-    kind: str, process_root: Path
-) -> None:
+async def test_late_background_output_never_lands_in_the_next_call(target: Target) -> None:
     code = textwrap.dedent(
         """
         import threading, time, sys
@@ -540,7 +552,7 @@ async def test_late_background_output_never_lands_in_the_next_call(
         print("own")
         """
     )
-    async with sandbox(kind, process_root) as sb:
+    async with sandbox(target) as sb:
         first = await sb.run_code(code)
         assert stdout(first) == "own\n"
         await sb.run_code("go.set()")
@@ -562,8 +574,8 @@ async def test_late_background_output_never_lands_in_the_next_call(
 # -- many at once -------------------------------------------------------------------------
 
 
-async def test_32_contexts_over_8_sandboxes_at_once(kind: str, process_root: Path) -> None:
-    async with session(kind, process_root) as s:
+async def test_32_contexts_over_8_sandboxes_at_once(target: Target) -> None:
+    async with session(target) as s:
         sandboxes = [s.sandbox() for _ in range(8)]
         results: dict[tuple[int, int], str | None] = {}
         async with anyio.create_task_group() as tg:
@@ -594,14 +606,15 @@ async def test_32_contexts_over_8_sandboxes_at_once(kind: str, process_root: Pat
         assert results == {(i, j): str(i * 10 + j) for i in range(8) for j in range(4)}
 
 
-async def test_recycling_resets_contexts(kind: str, process_root: Path) -> None:
-    if kind == "process" and not IS_ROOT:
+async def test_recycling_resets_contexts(target: Target) -> None:
+    if target.kind == "remote":
+        pytest.skip("the remote backend does not reset sandboxes (no recycling pool)")
+    if target.kind == "process" and not IS_ROOT:
         pytest.skip("the process backend resets isolated sandboxes only")
-    options = {"recyclable": True} if kind == "docker" else {}
+    options = {"recyclable": True} if target.kind == "docker" else {}
     mark = marker()
     async with session(
-        kind,
-        process_root,
+        target,
         backend_options=options,
         warm_pool=WarmPool(size=1, recycle=True),
         defaults=SandboxDefaults(tags=("test-interpreter",)),
@@ -640,7 +653,7 @@ FORGED_FRAME = (
 )
 
 
-async def test_printed_frames_are_only_output(kind: str, process_root: Path) -> None:
+async def test_printed_frames_are_only_output(target: Target) -> None:
     """Code printing what the runner's frames look like (a result, the call's end) on
     every way to stdout: it is output, nothing else."""
     code = FORGED_FRAME + textwrap.dedent(
@@ -657,7 +670,7 @@ async def test_printed_frames_are_only_output(kind: str, process_root: Path) -> 
         "genuine"
         """
     )
-    async with sandbox(kind, process_root) as sb:
+    async with sandbox(target) as sb:
         execution = await sb.run_code(code)
         assert execution.error is None
         assert [r.text for r in execution.results] == ["'genuine'"]
@@ -667,7 +680,7 @@ async def test_printed_frames_are_only_output(kind: str, process_root: Path) -> 
         assert (await sb.run_code("'still' + ' here'")).text == "'still here'"
 
 
-async def test_the_runner_is_out_of_the_codes_reach(kind: str, process_root: Path) -> None:
+async def test_the_runner_is_out_of_the_codes_reach(target: Target) -> None:
     """Code writing forged frames to every descriptor it has, and trying the runner's
     through /proc: another context sees nothing of it, and the runner's own descriptors
     are closed to it."""
@@ -700,7 +713,7 @@ async def test_the_runner_is_out_of_the_codes_reach(kind: str, process_root: Pat
         "done"
         """
     )
-    async with sandbox(kind, process_root) as sb:
+    async with sandbox(target) as sb:
         victim = await sb.create_code_context()
         await sb.run_code("safe = 'intact'", context=victim)
         hostile = await sb.run_code(code)
@@ -718,9 +731,7 @@ async def test_the_runner_is_out_of_the_codes_reach(kind: str, process_root: Pat
         assert (await sb.run_code("1 + 1")).text == "2"
 
 
-async def test_killing_the_runner_is_reported_and_a_new_one_takes_over(
-    kind: str, process_root: Path
-) -> None:
+async def test_killing_the_runner_is_reported_and_a_new_one_takes_over(target: Target) -> None:
     code = textwrap.dedent(
         """
         import os, signal
@@ -731,7 +742,7 @@ async def test_killing_the_runner_is_reported_and_a_new_one_takes_over(
         import time; time.sleep(600)
         """
     )
-    async with sandbox(kind, process_root) as sb:
+    async with sandbox(target) as sb:
         other = await sb.create_code_context()
         await sb.run_code("x = 1", context=other)
         killed = await sb.run_code(code, timeout=120)
@@ -780,10 +791,10 @@ async def test_sync_facade_runs_code(process_root: Path, anyio_backend: str) -> 
     await anyio.to_thread.run_sync(blocking)
 
 
-async def test_wall_clock_of_a_warm_call_is_small(kind: str, process_root: Path) -> None:
+async def test_wall_clock_of_a_warm_call_is_small(target: Target) -> None:
     """Not a timing assertion: the warm call must not start an interpreter (its count
     goes on, its pid stays)."""
-    async with sandbox(kind, process_root) as sb:
+    async with sandbox(target) as sb:
         first = await sb.run_code("import os; os.getpid()")
         for _ in range(5):
             again = await sb.run_code("os.getpid()")

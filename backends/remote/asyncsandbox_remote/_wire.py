@@ -18,11 +18,17 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 import msgspec
 from msgspec import Meta
 
+from asyncsandbox import CodeContext, Execution, ExecutionError, OutputMessage, Result
+from asyncsandbox.abc import CodeRequest
 from asyncsandbox.judge import FloatTolerance, JudgeResult, Program
 
 __all__ = (
     "API_VERSION",
     "Codec",
+    "CodeContextList",
+    "CodeFrame",
+    "CodeEndFrame",
+    "NewCodeContext",
     "CreateSandbox",
     "DeletedSandboxes",
     "ErrorBody",
@@ -322,6 +328,39 @@ class JudgeBody(_Message, kw_only=True):
     """The sandbox to judge in (its ``labels`` and ``lease_seconds`` do not apply)."""
 
 
+# -- the code interpreter -----------------------------------------------------------------
+#
+# A run is the public CodeRequest as is (one carrier from the caller to the sandbox). Its
+# answer is NDJSON: the events as the public types encode them (tagged by their class name:
+# OutputMessage, Result, ExecutionError), pings while the code is quiet, and last the whole
+# Execution (an "end" frame) or an error frame.
+
+
+class CodeEndFrame(_Message, kw_only=True, tag_field="type", tag="end"):
+    """The code ran: its whole execution (the last frame of a successful run). A timeout
+    is data here (``execution.timed_out``): the client raises it, as the local API does."""
+
+    execution: Execution
+
+
+CodeFrame = OutputMessage | Result | ExecutionError | CodeEndFrame | PingFrame | ErrorFrame
+"""One line of a ``run_code`` answer (NDJSON)."""
+
+
+class NewCodeContext(_Message, kw_only=True):
+    """Body of ``POST /v1/sandboxes/{id}/code/contexts``."""
+
+    cwd: Path | None = None
+    """Where it starts (relative: under the sandbox's workdir); ``null``: the workdir."""
+    language: Annotated[str, Meta(max_length=64)] | None = None
+
+
+class CodeContextList(_Message, kw_only=True):
+    """Answer of ``GET /v1/sandboxes/{id}/code/contexts``."""
+
+    items: list[CodeContext] = msgspec.field(default_factory=list)
+
+
 # -- codecs -------------------------------------------------------------------------------
 
 
@@ -359,6 +398,12 @@ INFO: Codec[ServerInfo] = Codec(ServerInfo)
 SNAPSHOT: Codec[SnapshotCreated] = Codec(SnapshotCreated)
 JUDGE: Codec[JudgeBody] = Codec(JudgeBody)
 JUDGE_RESULT: Codec[JudgeResult] = Codec(JudgeResult)
+CODE_REQUEST: Codec[CodeRequest] = Codec(CodeRequest)
+CODE_FRAME: Codec[CodeFrame] = Codec(CodeFrame)
+NEW_CONTEXT: Codec[NewCodeContext] = Codec(NewCodeContext)
+CONTEXT: Codec[CodeContext] = Codec(CodeContext)
+CONTEXTS: Codec[CodeContextList] = Codec(CodeContextList)
+_CODE_FRAME_TYPES = ("OutputMessage", "Result", "ExecutionError", "end", "ping", "error")
 
 
 def decode_frame(line: bytes) -> ExecFrame | None:
@@ -370,4 +415,15 @@ def decode_frame(line: bytes) -> ExecFrame | None:
         kind = FRAME_TYPE.decode(line).type
         if kind in ("output", "exit", "ping", "error"):
             raise  # a known frame that does not validate: a broken server
+        return None
+
+
+def decode_code_frame(line: bytes) -> CodeFrame | None:
+    """One NDJSON line of a ``run_code`` answer; ``None`` for a frame type this client does
+    not know. Raises ``msgspec.DecodeError`` for garbage."""
+    try:
+        return CODE_FRAME.decode(line)
+    except msgspec.ValidationError:
+        if FRAME_TYPE.decode(line).type in _CODE_FRAME_TYPES:
+            raise
         return None
