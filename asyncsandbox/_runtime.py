@@ -37,13 +37,13 @@ from ._errors import (
     SandboxError,
 )
 from ._interpreter._engine import Interpreter
-from ._interpreter._models import CodeRequest, Execution
+from ._interpreter._models import CodeEventCallback, CodeRequest, Execution
 from ._limits import Limiter
 from ._metrics import COMMAND_NOT_FOUND, Metrics
 from ._models import ExecResult
 from ._registry import create_backend
 from ._util import current_async_library
-from .abc import Backend, CodeEventCallback, CodeInterpreter, SandboxHandle, SandboxSpec
+from .abc import Backend, CodeInterpreter, SandboxHandle, SandboxSpec
 
 T = TypeVar("T")
 
@@ -293,13 +293,11 @@ class Runtime:
                     "that starts interactive processes in its sandboxes, such as 'process', "
                     "'docker' or 'remote')"
                 )
-            env = dict(config.env)
-            env.setdefault("MPLBACKEND", "Agg")  # figures render off-screen, as PNG results
             interpreter = Interpreter(
                 handle,
                 services=self._services,
                 workdir=config.workdir,
-                env=env,
+                env=config.env,
                 cleanup=self.timeouts.cleanup,
                 start_timeout=self.timeouts.operation,
             )

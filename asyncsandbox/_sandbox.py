@@ -32,6 +32,7 @@ from ._interpreter._models import (
     LANGUAGE,
     CodeContext,
     CodeEvent,
+    CodeEventCallback,
     CodeRequest,
     Execution,
     ExecutionError,
@@ -41,7 +42,7 @@ from ._interpreter._models import (
 from ._models import ExecResult, OutputChunk, SandboxInfo, Snapshot, Stream
 from ._output import BoundedBuffer
 from ._util import single_error
-from .abc import CodeEventCallback, ExitStatus, SandboxHandle
+from .abc import ExitStatus, SandboxHandle
 
 if TYPE_CHECKING:
     from ._pool import Pool

@@ -44,7 +44,8 @@ import msgspec
 from anyio import TypedAttributeProvider
 
 from ._config import Resources, Timeouts
-from ._interpreter._models import CodeContext, CodeEvent, CodeRequest, Execution
+from ._interpreter._engine import Interpreter as SandboxInterpreter
+from ._interpreter._models import CodeContext, CodeEventCallback, CodeRequest, Execution
 from ._models import SandboxInfo, Stream
 from ._shellfiles import InteractiveProcess, ShellFiles
 
@@ -58,6 +59,7 @@ __all__ = (
     "InteractiveProcess",
     "OutputCallback",
     "SandboxHandle",
+    "SandboxInterpreter",
     "SandboxSpec",
     "ShellFiles",
 )
@@ -65,10 +67,6 @@ __all__ = (
 OutputCallback = Callable[[Stream, bytes], Awaitable[None]]
 """Receives output as it arrives: ``await on_output("stdout", data)``. It may apply
 backpressure (awaiting it may take a while); call it from one task at a time."""
-
-CodeEventCallback = Callable[[CodeEvent], Awaitable[None]]
-"""Receives what a running ``run_code`` call yields as it comes (output chunks, results,
-its error), in order, from one task at a time; it may apply backpressure."""
 
 
 class BackendCapabilities(msgspec.Struct, frozen=True, kw_only=True):

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -41,9 +41,18 @@ from .._errors import (
     SandboxNotFound,
 )
 from .._models import SandboxStatus
-from ..abc import CodeEventCallback, SandboxHandle
 from ._assembly import Assembly
-from ._models import DEFAULT_CONTEXT, LANGUAGE, CodeContext, CodeRequest, Execution
+from ._models import (
+    DEFAULT_CONTEXT,
+    LANGUAGE,
+    CodeContext,
+    CodeEventCallback,
+    CodeRequest,
+    Execution,
+)
+
+if TYPE_CHECKING:
+    from ..abc import SandboxHandle
 
 RUNNER = (Path(__file__).parent / "_runner.py").read_text()
 FRAME = struct.Struct(">II")
@@ -240,8 +249,23 @@ def _ended(returncode: int, stderr: bytes) -> str:
 
 
 class Interpreter:
-    """The code interpreter of one sandbox (a :class:`~asyncsandbox.abc.CodeInterpreter`):
-    its runner, made on first use, and its contexts."""
+    """The code interpreter of one sandbox, over its handle's
+    :meth:`~asyncsandbox.abc.SandboxHandle.interact`: a
+    :class:`~asyncsandbox.abc.CodeInterpreter` whose runner starts on first use. The
+    runtime makes one per sandbox; a backend that serves handles itself (the Ray node
+    agent) makes its own, exported as :class:`asyncsandbox.abc.SandboxInterpreter`.
+
+    :param handle: the sandbox (``capabilities.interactive``).
+    :param services: a task group that outlives every call: it holds the runner open.
+    :param workdir: where the runner (and the default context) starts.
+    :param env: the sandbox's environment (``MPLBACKEND`` defaults to ``Agg`` here:
+        figures render off-screen, as PNG results).
+    :param cleanup: how long shielded cleanup may take (``Timeouts.cleanup``).
+    :param start_timeout: how long the runner may take to start, and the runner to answer
+        a context's request (``Timeouts.operation``).
+
+    Close it (:meth:`aclose`) before the sandbox is removed or reset.
+    """
 
     def __init__(
         self,
@@ -257,6 +281,7 @@ class Interpreter:
         self._services = services
         self._workdir = workdir
         self._env = dict(env)
+        self._env.setdefault("MPLBACKEND", "Agg")
         self._cleanup = cleanup
         self._start_timeout = start_timeout
         self._runner: _Runner | None = None

@@ -4,6 +4,7 @@ home) and the one request that carries a call from the public API down to where 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -11,6 +12,7 @@ import msgspec
 __all__ = (
     "CodeContext",
     "CodeEvent",
+    "CodeEventCallback",
     "CodeRequest",
     "Execution",
     "ExecutionError",
@@ -117,6 +119,10 @@ class OutputMessage(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 CodeEvent = OutputMessage | Result | ExecutionError
 """What a running call yields as it goes (:meth:`Sandbox.run_code_stream`)."""
+
+CodeEventCallback = Callable[[CodeEvent], Awaitable[None]]
+"""Receives what a running ``run_code`` call yields as it comes (output chunks, results,
+its error), in order, from one task at a time; it may apply backpressure."""
 
 
 class Execution(msgspec.Struct, frozen=True, kw_only=True):
