@@ -13,9 +13,11 @@ the sandbox, started on the first ``run_code``. Three kinds of processes:
   it, and when the kernel exits tells the supervisor how (its wait status, which the
   kernel cannot forge), kills whatever the kernel left behind, and exits.
 * A **kernel** per context (a fork of the holder) runs the user's code in its main thread,
-  in a namespace of its own that persists from one call to the next. Its stdout and stderr
-  (descriptors 1 and 2) are pipes the supervisor reads; results, errors and the end of
-  each call go to the supervisor on a pipe of their own; requests come on another.
+  in a namespace of its own that persists from one call to the next. What the code prints
+  through ``sys.stdout``/``sys.stderr``, its results, errors and the end of each call go
+  to the supervisor on an events pipe, in the order they happened; its descriptors 1 and
+  2 (what subprocesses and C code write) are pipes of their own, which the supervisor
+  reads before each event; requests come on another pipe.
 
 Frames, both ways: ``>II`` (the header's length, the payload's length), a JSON header, the
 payload bytes. Host to supervisor: ``{"op": "create", "id", "context", "cwd"}``,
@@ -67,6 +69,8 @@ HIGH_WATER = 1 << 20
 """Bytes waiting for the host beyond which kernels' output is no longer read (their
 writes block: backpressure instead of memory)."""
 RESULT_SLACK = 1 << 16
+OUTPUT_CHUNK = 1 << 15
+"""Largest frame of output a kernel sends (below RESULT_SLACK: one is always accepted)."""
 CHUNK = 1 << 16
 MAX_FD = 1 << 16
 PR_SET_PDEATHSIG = 1
@@ -360,7 +364,9 @@ class Supervisor:
         if ctx.call is None or header.get("call") != ctx.call or not ctx.ready:
             raise ValueError("a %r message for no call of its" % kind)
         self.drain(ctx)
-        if kind == "result":
+        if kind in ("stdout", "stderr"):
+            self.output(ctx, "out" if kind == "stdout" else "err", payload)
+        elif kind == "result":
             if len(payload) > ctx.limit + RESULT_SLACK:
                 raise ValueError("a result over the limit")
             self.send({"type": "result", "id": ctx.call, "dropped": header.get("dropped")}, payload)
@@ -714,14 +720,17 @@ def kernel_main(
 
 
 class Stream:
-    """``sys.stdout``/``sys.stderr`` of a kernel: text to descriptor 1 or 2, line-buffered,
-    dropped when written by a thread of an earlier call (or between calls)."""
+    """``sys.stdout``/``sys.stderr`` of a kernel: text line-buffered, then sent on the
+    events pipe (so that it keeps its order with the results displayed between), dropped
+    when written by a thread of an earlier call (or between calls). Descriptors 1 and 2
+    stay for what writes to them (subprocesses, C code)."""
 
     def __init__(self, kernel: Kernel, fd: int, name: str) -> None:
         import threading
 
         self.kernel = kernel
         self.fd = fd
+        self.kind = name
         self.name = "<%s>" % name
         self.encoding = "utf-8"
         self.errors = "surrogateescape"
@@ -755,7 +764,7 @@ class Stream:
                 data = text.encode("utf-8", "surrogateescape")
             except UnicodeEncodeError:
                 data = text.encode("utf-8", "backslashreplace")
-            write_all(self.fd, data)
+            self.kernel.emit_output(self.kind, data)
 
     def fileno(self) -> int:
         return self.fd
@@ -790,7 +799,7 @@ class RawStream:
         data = bytes(data)
         if self.stream.kernel.may_write():
             self.stream.flush()
-            write_all(self.stream.fd, data)
+            self.stream.kernel.emit_output(self.stream.kind, data)
         return len(data)
 
     def flush(self) -> None:
@@ -927,6 +936,16 @@ class Kernel:
     def emit(self, header: dict[str, Any], payload: bytes = b"") -> None:
         with self.lock:
             self.send(header, payload)
+
+    def emit_output(self, kind: str, data: bytes) -> None:
+        """Output of the active call (``stdout`` or ``stderr``), in frames of at most
+        OUTPUT_CHUNK bytes; none between calls."""
+        with self.lock:
+            call = self.call
+            if call is None:
+                return
+            for start in range(0, len(data), OUTPUT_CHUNK):
+                self.send({"type": kind, "call": call}, data[start : start + OUTPUT_CHUNK])
 
     def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
         interruptible, self.interruptible = self.interruptible, False
