@@ -48,6 +48,7 @@ from ._models import (
     SandboxInfo as SandboxInfo,
     SandboxStatus as SandboxStatus,
     Snapshot as Snapshot,
+    SnapshotInfo as SnapshotInfo,
 )
 from ._operations import Operation as Operation, as_completed as as_completed, wait as wait
 from ._registry import (
@@ -95,6 +96,7 @@ __all__ = (
     "CodeContext",
     "CodeEvent",
     "OutputHandler",
+    "SnapshotInfo",
     "SessionStatistics",
     "LimiterStatistics",
     "MetricsReporter",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -136,9 +137,16 @@ async def _cmd_backends(args: argparse.Namespace) -> int:
             backend = create_backend(name)
             async with backend:
                 caps = backend.capabilities
+            owner = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
             detail = (
-                f"{caps.isolation}; limits: {', '.join(sorted(caps.enforced_limits)) or 'none'}"
+                f"{caps.isolation}; limits enforced for this owner ({owner}): "
+                f"{', '.join(sorted(caps.enforced_limits)) or 'none'}"
             )
+            if caps.limits_note:
+                then = (
+                    "run without them (best-effort)" if caps.best_effort_limits else ("are refused")
+                )
+                detail += f"; sandboxes asking for others {then}: {caps.limits_note}"
         except SandboxError as exc:
             detail = f"unavailable: {exc}"
         print(f"{name:<8} {detail}")

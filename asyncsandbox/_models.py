@@ -7,7 +7,15 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ("ExecResult", "OutputChunk", "SandboxInfo", "SandboxStatus", "Snapshot", "Stream")
+__all__ = (
+    "ExecResult",
+    "OutputChunk",
+    "SandboxInfo",
+    "SandboxStatus",
+    "Snapshot",
+    "SnapshotInfo",
+    "Stream",
+)
 
 Stream = Literal["stdout", "stderr"]
 
@@ -39,6 +47,9 @@ class ExecResult(msgspec.Struct, frozen=True, kw_only=True):
     """The signal that ended the command, when the backend can tell."""
     oom_killed: bool = False
     """The command was killed for exceeding the sandbox's memory limit."""
+    cpu_time: float | None = None
+    """CPU seconds (user and system) of the command's main process and of the children it
+    waited for; ``None`` where the backend cannot tell."""
 
     @property
     def stdout_text(self) -> str:
@@ -109,3 +120,14 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     source: str
     """The id of the sandbox it was taken of."""
     kept: bool = False
+
+
+class SnapshotInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot as its backend lists it (:meth:`asyncsandbox.abc.Backend.list_snapshots`)."""
+
+    id: str
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    """Its owner's labels, when it goes with its session (one that is kept has none: it
+    is never collected)."""
+    created_at: float | None = None
+    """Unix time."""

@@ -168,13 +168,21 @@ class Runtime:
             self.check_capability("snapshots")
         wanted = {n for n in RESOURCE_LIMITS if getattr(config.resources, n) is not None}
         unenforced = frozenset(wanted - caps.enforced_limits)
+        if unenforced and not caps.best_effort_limits:
+            names = ", ".join(sorted(unenforced))
+            raise InvalidArgument(
+                f"the {self.name!r} backend cannot enforce {names} here, and a limit asked "
+                f"for is never silently ignored: {caps.limits_note or 'it does not have them'}"
+                f"; or ask for no such limit (Resources({'=None, '.join(sorted(unenforced))}"
+                "=None))"
+            )
         if unenforced and unenforced not in self._unenforced_warned:
             self._unenforced_warned.add(unenforced)
             self.log.warning(
                 "sandbox.limits.unenforced",
                 limits=sorted(unenforced),
-                hint=f"the {self.name} backend cannot enforce them here "
-                "(the process backend needs root for cgroups and disk quotas)",
+                hint=f"best-effort limits: the {self.name} backend does not enforce them here"
+                + (f" ({caps.limits_note})" if caps.limits_note else ""),
             )
         return SandboxSpec(
             image=config.image,
@@ -385,8 +393,15 @@ class Runtime:
         """
         self.check_capability("snapshots")
         started = anyio.current_time()
+        # One that goes with the session carries its owner's labels: if the owner crashes,
+        # the next gc finds it by them.
+        labels = (
+            None
+            if keep
+            else _owner.runtime_labels(session_id=self.session_id, tags=(), max_lifetime=None)
+        )
         with anyio.move_on_after(_deadline(self.timeouts.create)) as scope:
-            snapshot_id = await self.translate(handle.snapshot())
+            snapshot_id = await self.translate(handle.snapshot(labels=labels))
         if scope.cancelled_caught:
             raise BackendTimeout("snapshot", self.timeouts.create or 0)
         if not keep:

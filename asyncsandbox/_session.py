@@ -19,24 +19,24 @@ import msgspec
 from . import _owner, _validate as check
 from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts, WarmPool
 from ._errors import InvalidArgument, SandboxClosed, SandboxError, SandboxNotFound
-from ._limits import Limiter, LimiterStatistics
-from ._log import get_logger
-from ._metrics import Metrics, MetricsReporter, resolve_reporters
-from ._models import ExecResult, SandboxInfo, SandboxStatus, Snapshot
-from ._operations import Operation
-from ._pool import Pool
-from ._runtime import Runtime
-from ._sandbox import Sandbox, SandboxOwner
-from .abc import Backend, SandboxSpec
-from .judge import (
+from ._judge._engine import judge_fresh, judge_remotely
+from ._judge._model import (
     Comparison,
     JudgeRequest,
     JudgeResult,
     JudgingBackend,
     Program,
     TestCase,
-    judge,
 )
+from ._limits import Limiter, LimiterStatistics
+from ._log import get_logger
+from ._metrics import Metrics, MetricsReporter, resolve_reporters
+from ._models import ExecResult, SandboxInfo, SandboxStatus, Snapshot, SnapshotInfo
+from ._operations import Operation
+from ._pool import Pool
+from ._runtime import Runtime
+from ._sandbox import Sandbox, SandboxOwner
+from .abc import Backend
 
 __all__ = ("Session", "SessionStatistics")
 
@@ -340,16 +340,19 @@ class Session:
         parallel: int = 4,
         compile_timeout: float = 60.0,
         output_limit: int = 1 << 20,
+        full_output: bool = False,
+        directory: str | None = None,
         **overrides: Any,
     ) -> JudgeResult:
         """Judge ``program`` on test ``cases`` in a fresh sandbox (``overrides`` configure
         it as in :meth:`sandbox`): compile once, run every case, return typed verdicts and
-        a score (see :mod:`asyncsandbox.judge`).
+        a score (see :mod:`asyncsandbox.judge`). The other arguments are the fields of
+        :class:`~asyncsandbox.judge.JudgeRequest`, documented there; ``cases`` may be
+        dicts of :class:`~asyncsandbox.judge.TestCase` fields.
 
         Cancellation: running cases are killed and the sandbox removed.
         """
-        return await judge(
-            self,
+        request = JudgeRequest.of(
             program,
             cases,
             comparison=comparison,
@@ -359,19 +362,18 @@ class Session:
             parallel=parallel,
             compile_timeout=compile_timeout,
             output_limit=output_limit,
-            sandbox=overrides,
+            full_output=full_output,
+            directory=directory,
         )
-
-    def _sandbox_spec(self, overrides: Mapping[str, Any]) -> SandboxSpec:
-        """What the backend would be asked to create for ``session.sandbox(**overrides)``."""
         self._check_open()
-        return self._runtime.spec(self.defaults.merged(dict(overrides)))
-
-    async def _judge_remotely(self, backend: JudgingBackend, request: JudgeRequest) -> JudgeResult:
-        """A judgement the backend runs where its sandboxes are (no deadline: judging
-        takes as long as its cases; errors translated like any backend call)."""
-        self._check_open()
-        return await self._runtime.translate(backend.judge(request))
+        backend = self.backend
+        if isinstance(backend, JudgingBackend):
+            # Judged where the backend's sandboxes are, in one call (no deadline: judging
+            # takes as long as its cases; errors translated like any backend call).
+            spec = self._runtime.spec(self.defaults.merged(dict(overrides)))
+            request = msgspec.structs.replace(request, sandbox=spec)
+            return await judge_remotely(request, self._runtime.translate(backend.judge(request)))
+        return await judge_fresh(request, lambda: self.sandbox(**overrides))
 
     def submit(self, awaitable: Awaitable[T], *, name: str | None = None) -> Operation[T]:
         """Run ``awaitable`` in the session's background and return its handle at once.
@@ -445,9 +447,16 @@ class Session:
             targets += [i.id for i in await self.list(tags=tag_tuple, status=status)]
         return await self._remove_ids(list(dict.fromkeys(targets)))
 
-    async def gc(self, *, dry_run: bool = False) -> builtins.list[tuple[SandboxInfo, str]]:
-        """Remove sandboxes whose owner process is gone or whose lifetime is over (of any
-        session on this backend); return them with the reason. ``dry_run`` only reports."""
+    async def gc(
+        self, *, dry_run: bool = False
+    ) -> builtins.list[tuple[SandboxInfo | SnapshotInfo, str]]:
+        """Remove sandboxes whose owner process is gone or whose lifetime is over, and
+        snapshots that were to go with a session whose owner process is gone (of any
+        session on this backend; a kept snapshot is never collected); return them with
+        the reason. ``dry_run`` only reports.
+
+        Cancellation: what was removed stays removed; the rest is left for the next gc.
+        """
         self._check_open()
         infos = await self.list()
         garbage = [(i, r) for i in infos if (r := _owner.garbage_reason(i.labels)) is not None]
@@ -456,7 +465,22 @@ class Session:
             garbage = [(i, r) for i, r in garbage if i.id in removed]
             for info, reason in garbage:
                 self._log.info("session.gc.removed", sandbox_id=info.id, reason=reason)
-        return garbage
+        collected: builtins.list[tuple[SandboxInfo | SnapshotInfo, str]] = list(garbage)
+        if not self.backend.capabilities.snapshots:
+            return collected
+        runtime = self._runtime
+        snapshots = await runtime.call(
+            "list_snapshots", self.backend.list_snapshots, timeout=runtime.timeouts.operation
+        )
+        for snapshot in snapshots:
+            why = _owner.garbage_reason(snapshot.labels)
+            if why is None:
+                continue
+            if not dry_run:
+                await runtime.delete_snapshot(snapshot.id)
+                self._log.info("session.gc.snapshot_removed", snapshot_id=snapshot.id, reason=why)
+            collected.append((snapshot, why))
+        return collected
 
     def metrics(self) -> dict[str, float]:
         """The metrics since the last reset, without reporting them. Names (after the

@@ -46,7 +46,7 @@ from anyio import TypedAttributeProvider
 from ._config import Resources, Timeouts
 from ._interpreter._engine import Interpreter as SandboxInterpreter
 from ._interpreter._models import CodeContext, CodeEventCallback, CodeRequest, Execution
-from ._models import SandboxInfo, Stream
+from ._models import SandboxInfo, SnapshotInfo, Stream
 from ._shellfiles import InteractiveProcess, ShellFiles
 
 __all__ = (
@@ -78,7 +78,15 @@ class BackendCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     """How sandboxes are isolated, in a few words (shown by ``asyncsandbox backends``)."""
     enforced_limits: frozenset[str] = frozenset()
     """Which :class:`~asyncsandbox.Resources` fields are enforced: ``cpus``, ``memory_mb``,
-    ``pids``, ``disk_mb``. The runtime warns when a sandbox asks for one that is not."""
+    ``pids``, ``disk_mb``. The runtime refuses to create a sandbox that asks for one that
+    is not (a limit asked for and not enforced is a lie), unless ``best_effort_limits``."""
+    best_effort_limits: bool = False
+    """The user chose to run sandboxes whose limits cannot all be enforced here (a weaker
+    mode, named explicitly, such as the process backend's ``limits="best-effort"``): the
+    runtime then creates them, warning once, instead of refusing."""
+    limits_note: str = ""
+    """Why the limits missing from ``enforced_limits`` cannot be had here, and how to get
+    them (or to choose best-effort limits): the refusal says it."""
     network_modes: frozenset[str] = frozenset({"none"})
     """Supported values of ``SandboxDefaults.network``."""
     reports_signal: bool = False
@@ -244,10 +252,14 @@ class SandboxHandle(TypedAttributeProvider, metaclass=ABCMeta):
         """
         raise NotImplementedError
 
-    async def snapshot(self) -> str:
+    async def snapshot(self, *, labels: Mapping[str, str] | None = None) -> str:
         """Freeze the sandbox's filesystem state (workdir, home, ``/tmp``, what was
         installed) as a snapshot, and return its id; the sandbox goes on running.
         Processes are not part of a snapshot. Only with ``capabilities.snapshots``.
+
+        ``labels``: store them with the snapshot, for :meth:`Backend.list_snapshots`
+        (the runtime gives a snapshot that goes with its session its owner's labels, so
+        that one a crashed owner left is found and deleted).
 
         Cancellation: nothing is left of a snapshot that was not returned.
         """
@@ -362,6 +374,11 @@ class Backend(metaclass=ABCMeta):
     async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
         """Every sandbox of this backend (any owner) carrying all of ``labels``
         (``""`` matches a label with an empty value)."""
+
+    async def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        """Every snapshot this backend holds, with the labels it was taken with (any
+        owner). Only with ``capabilities.snapshots``; the default lists none."""
+        return []
 
     async def delete_snapshot(self, snapshot_id: str) -> None:  # noqa: B027 - optional
         """Forget a snapshot (sandboxes started from it keep working). Idempotent.

@@ -60,7 +60,7 @@ from ._errors import InvalidArgument, OperationCancelled, SandboxClosed, Sandbox
 from ._interpreter._models import CodeContext, Execution, ExecutionError, OutputMessage, Result
 from ._log import get_logger
 from ._metrics import MetricsReporter
-from ._models import ExecResult, SandboxInfo, SandboxStatus, Snapshot
+from ._models import ExecResult, SandboxInfo, SandboxStatus, Snapshot, SnapshotInfo
 from ._sandbox import OutputHandler
 from ._session import SessionStatistics
 from .abc import Backend
@@ -740,6 +740,8 @@ class SyncSession:
         parallel: int = 4,
         compile_timeout: float = 60.0,
         output_limit: int = 1 << 20,
+        full_output: bool = False,
+        directory: str | None = None,
         **overrides: Any,
     ) -> Handle[JudgeResult]:
         """Judge ``program`` on test ``cases`` in a fresh sandbox; return a handle at once
@@ -758,6 +760,8 @@ class SyncSession:
             parallel=parallel,
             compile_timeout=compile_timeout,
             output_limit=output_limit,
+            full_output=full_output,
+            directory=directory,
             **overrides,
         )
         return self._launch("judge", call)
@@ -821,7 +825,7 @@ class SyncSession:
         call = functools.partial(self._session.delete_snapshot, snapshot)
         self._runtime.call("SyncSession.delete_snapshot()", call)
 
-    def gc(self, *, dry_run: bool = False) -> builtins.list[tuple[SandboxInfo, str]]:
+    def gc(self, *, dry_run: bool = False) -> builtins.list[tuple[SandboxInfo | SnapshotInfo, str]]:
         """Remove leftovers of crashed owners (see :meth:`asyncsandbox.Session.gc`). Blocks."""
         call = functools.partial(self._session.gc, dry_run=dry_run)
         return self._runtime.call("SyncSession.gc()", call)

@@ -562,6 +562,37 @@ async def test_fork_and_snapshots_on_docker(fast_path: bool) -> None:
     assert containers(f"asyncsandbox.tag.{tag}") == []
 
 
+CRASHING_OWNER = """
+import os, sys, anyio
+from asyncsandbox import Session
+from asyncsandbox_docker import DockerBackend
+async def main():
+    async with Session(DockerBackend(default_image=sys.argv[1]), sweep=False) as s:
+        async with s.sandbox() as sb:
+            await sb.write_file("note", "x")
+            dropped = await sb.snapshot()
+            kept = await sb.snapshot(keep=True)
+            print(dropped.id, kept.id, flush=True)
+            os._exit(9)  # the owner dies: nothing of it runs its cleanup
+anyio.run(main)
+"""
+
+
+async def test_gc_deletes_the_snapshot_images_a_crashed_owner_left() -> None:
+    done = await anyio.run_process([sys.executable, "-c", CRASHING_OWNER, IMAGE], check=False)
+    assert done.returncode == 9, done.stderr.decode()
+    dropped, kept = done.stdout.decode().split()
+    async with Session(backend(), sweep=False) as s:
+        listed = await s.gc(dry_run=True)
+        assert [(item.id, why) for item, why in listed if item.id in (dropped, kept)] == [
+            (dropped, "owner process is gone")
+        ]
+        await s.gc()
+        assert {dropped, kept} & set(snapshot_images()) == {kept}
+        await s.delete_snapshot(kept)
+    assert kept not in snapshot_images()
+
+
 async def test_recycling_is_refused_on_docker_unless_recyclable() -> None:
     s = session(unique(), warm_pool=WarmPool(size=1, recycle=True))
     with pytest.raises(InvalidArgument, match="does not support reset"):

@@ -265,6 +265,31 @@ def test_c_goes_as_cpp() -> None:
 
 # -- files, memory ------------------------------------------------------------------------
 
+LEAVES_AN_ANSWER = """\
+import os, sys
+a, b = map(int, sys.stdin.read().split())
+parent = os.getpid()
+if os.fork() == 0:
+    while os.getppid() == parent:  # the moment the program has exited
+        pass
+    os.write(1, b"%d\\n" % (a + b))
+    os._exit(0)
+os._exit(0)
+"""
+
+
+@pytest.mark.usefixtures("endpoint")
+def test_the_output_is_the_programs_own() -> None:
+    """A program that exits at once, leaving a process that prints the answer the moment
+    it is gone (a reward hack against a verl-style `stdout == expected` reward): nothing
+    written after the program ended is its output. Failed on the old /run_code (an exec)
+    in about half the requests."""
+    for n in range(12):
+        answer = run(RunCodeRequest(code=LEAVES_AN_ANSWER, language="python", stdin=f"{n} 1\n"))
+        assert answer.status == RunStatus.Success, answer
+        assert answer.run_result is not None
+        assert answer.run_result.stdout == "", (n, answer.run_result)
+
 
 @pytest.mark.usefixtures("endpoint")
 @pytest.mark.parametrize("language", ["python", "cpp"])
@@ -439,11 +464,11 @@ def test_auth(server: Server) -> None:
 
 def test_requests_that_cannot_run_get_clear_errors(server: Server) -> None:
     url = f"{keyed(server)}/run_code"
-    for language in ("java", "c", "cobol"):
+    for language in ("cobol", "fortran"):
         answer = requests.post(url, json={"code": "", "language": language}, timeout=60)
         assert answer.status_code == 400, answer.text
         message = answer.json()["error"]["message"]
-        assert "bash, cpp, nodejs, perl, python" in message
+        assert "bash, c, c++, cpp, java, javascript, nodejs, perl, python" in message
     bodies: list[dict[str, Any]] = [
         {"language": "python"},  # no code
         {"code": "print(1)", "language": "python", "files": {"a": "%%% not base64"}},

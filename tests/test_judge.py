@@ -14,6 +14,7 @@ from asyncsandbox import InvalidArgument, Limits, Session, sync
 from asyncsandbox.judge import (
     Checker,
     FloatTolerance,
+    JudgeRequest,
     JudgeResult,
     Language,
     Program,
@@ -283,22 +284,33 @@ async def test_a_slow_reader_never_stretches_a_time_limit(session: Session) -> N
     assert [c.verdict for c in result.cases if c.index != 1] == [Verdict.ACCEPTED] * 6
 
 
-async def test_a_python_case_that_kills_the_runner_is_judged_the_plain_way(
-    session: Session,
+@pytest.mark.parametrize("language", ["python", "bash"])
+async def test_a_case_that_kills_the_runner_fails_itself_only(
+    session: Session, language: str
 ) -> None:
-    """A case can kill the runner (it runs as the same user): the cases it did not answer
-    for then run one command each, where there is no runner to kill; verdicts stay the
-    program's own."""
-    source = (
-        "import os, signal\n"
-        "try:\n"
-        "    os.kill(os.getppid(), signal.SIGKILL)\n"
-        "except OSError:\n"
-        "    pass\n" + PY_ADD
-    )
+    """A case can kill its runner (it runs as the same user): the cases that runner did
+    not answer for run again, each under a runner of its own; a case that kills its own
+    runner is a runtime error of its own making, and the others keep their verdicts."""
+    if language == "python":
+        source = (
+            "import os, signal\n"
+            "n = input()\n"
+            "if n == '2':\n"
+            "    os.kill(os.getppid(), signal.SIGKILL)\n"
+            "print(n)\n"
+        )
+    else:
+        source = 'read n; [ "$n" = 2 ] && kill -9 $PPID; echo "$n"\n'
+    cases = [TestCase(stdin=f"{n}\n", expected=f"{n}\n") for n in range(1, 5)]
     with capture_logs() as logs:
-        result = await session.judge(Program(source=source), ADD_CASES, parallel=1)
-    assert result.verdict == Verdict.ACCEPTED, result
+        result = await session.judge(Program(source=source, language=language), cases, parallel=1)
+    assert verdicts(result) == [
+        Verdict.ACCEPTED,
+        Verdict.RUNTIME_ERROR,
+        Verdict.ACCEPTED,
+        Verdict.ACCEPTED,
+    ], result
+    assert "runner was killed" in result.cases[1].message
     assert [log["cases"] for log in logs if log["event"] == "judge.runner_gave_up"] == [3]
 
 
@@ -319,14 +331,15 @@ async def test_a_dead_sandbox_is_infrastructure(session: Session) -> None:
         from asyncsandbox._process import ProcessAttributes
 
         shutil.rmtree(sb.extra(ProcessAttributes.root))
-        result = await judge(sb, Program(source=PY_ADD), [ADD])
+        result = await judge(sb, JudgeRequest(program=Program(source=PY_ADD), cases=(ADD,)))
     assert result.verdict == Verdict.INFRASTRUCTURE_ERROR
     assert result.score is None
 
 
 async def test_judging_in_a_given_sandbox(session: Session) -> None:
     async with session.sandbox() as sb:
-        result = await judge(sb, Program(command=("python3", "-c", PY_ADD)), ADD_CASES)
+        program = Program(command=("python3", "-c", PY_ADD))
+        result = await judge(sb, JudgeRequest.of(program, ADD_CASES))
         assert result.score == 1.0
         assert (await sb.exec(["true"])).returncode == 0  # the sandbox is still there
 
@@ -355,8 +368,9 @@ async def test_bad_input_is_a_clear_error(session: Session) -> None:
     with pytest.raises(InvalidArgument, match="invalid test case"):
         await session.judge(program, [{"stdin": 3}])
     async with session.sandbox() as sb:
+        request = JudgeRequest.of(program, [ADD], comparison=Checker(program=program))
         with pytest.raises(InvalidArgument, match="judge on a Session"):
-            await judge(sb, program, [ADD], comparison=Checker(program=program))
+            await judge(sb, request)
 
 
 async def test_the_sandbox_can_be_configured(session: Session) -> None:
@@ -368,7 +382,6 @@ async def test_the_sandbox_can_be_configured(session: Session) -> None:
 async def test_a_judging_backend_gets_the_whole_request() -> None:
     """A backend that judges where its sandboxes are (the remote one) gets one request:
     the program, the cases, the comparison and the sandbox's spec."""
-    from asyncsandbox.judge import JudgeRequest
     from asyncsandbox.testing import FakeBackend
 
     requests: list[JudgeRequest] = []
@@ -389,7 +402,52 @@ async def test_a_judging_backend_gets_the_whole_request() -> None:
     assert result.score == 1.0
     [request] = requests
     assert request.cases == (ADD,)
-    assert request.comparison_value() == FloatTolerance(abs=0.5)
+    assert request.comparison == FloatTolerance(abs=0.5)
     assert request.time_limit == 3
     assert request.sandbox is not None
     assert request.sandbox.image == "img"
+
+
+async def test_the_judging_options_exist_once() -> None:
+    """One carrier: the options of a judgement are JudgeRequest's fields. Session.judge and
+    the blocking facade take exactly those (a test of sync keeps their signatures in step)
+    and hand every one of them on; the remote wire sends the struct itself. A field added
+    to JudgeRequest and not to them (or the other way round) fails here."""
+    import inspect
+
+    from asyncsandbox.testing import FakeBackend
+
+    fields = set(JudgeRequest.__struct_fields__) - {"program", "cases", "sandbox"}
+    for method in (Session.judge, sync.SyncSession.judge):
+        parameters = set(inspect.signature(method).parameters)
+        assert parameters - {"self", "program", "cases", "overrides"} == fields, method
+    # Every option reaches the request, with a value other than its default.
+    defaults = JudgeRequest(program=Program(source=PY_ADD), cases=(ADD,))
+    given: dict[str, object] = {
+        "comparison": FloatTolerance(abs=0.25),
+        "time_limit": 3.5,
+        "memory_mb": 77,
+        "stop_on_failure": True,
+        "parallel": 9,
+        "compile_timeout": 11.0,
+        "output_limit": 12345,
+        "full_output": True,
+        "directory": "/tmp/elsewhere",
+    }
+    assert set(given) == fields
+    for name, value in given.items():
+        assert getattr(defaults, name) != value, name
+    requests: list[JudgeRequest] = []
+
+    class Judging(FakeBackend):
+        async def judge(self, request: JudgeRequest) -> JudgeResult:
+            requests.append(request)
+            return JudgeResult(verdict=Verdict.ACCEPTED, score=1.0, passed=1, total=1, cases=())
+
+    async with Session(Judging(), sweep=False, report_to=[]) as s:
+        await s.judge(Program(source=PY_ADD), [ADD], **given)  # type: ignore[arg-type]
+    [request] = requests
+    assert {name: getattr(request, name) for name in given} == given
+    from asyncsandbox_remote import _wire
+
+    assert _wire.JUDGE.type is JudgeRequest  # the wire type is the struct itself

@@ -173,6 +173,47 @@ async def test_memory_limit_oom_kills_the_command_not_the_sandbox(process_root: 
         assert not fine.oom_killed
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the fake proves the policy on trio
+@pytest.mark.parametrize("mechanism", PROCESS_MECHANISMS)
+async def test_a_memory_limit_is_enforced_or_refused_never_ignored(
+    mechanism: str, process_root: Path
+) -> None:
+    """Whoever the owner (root: cgroups; anyone else: none), a sandbox that asks for a
+    memory limit either gets it (the hog OOM-killed, 137) or is refused, naming the limit
+    and how to get it; a hog that allocates past it and exits 0 is the lie this forbids.
+    (Failed as an unprivileged owner before: the hog exited 0.)"""
+    if problem := mechanism_unavailable(mechanism):
+        pytest.skip(problem)
+    options = {**process_options(mechanism), "limits": "enforce"}
+    defaults = SandboxDefaults(resources=Resources(memory_mb=64, pids=None))
+    hog = "x = bytearray(300 << 20); print('survived')"
+    async with session(process_root, backend_options=options, defaults=defaults) as s:
+        if "memory_mb" not in s.backend.capabilities.enforced_limits:
+            with pytest.raises(InvalidArgument, match="cannot enforce memory_mb") as refused:
+                await s.run(["python3", "-c", hog], timeout=60)
+            assert "best-effort" in str(refused.value)
+            return
+        result = await s.run(["python3", "-c", hog], timeout=60)
+    assert (result.returncode, result.oom_killed) == (137, True), result
+    assert b"survived" not in result.stdout
+
+
+async def test_best_effort_limits_are_asked_for_by_name_and_warned_about(
+    process_root: Path,
+) -> None:
+    options = {"limits": "best-effort"}
+    with capture_logs() as logs:
+        async with session(process_root, backend_options=options) as s:
+            assert s.backend.capabilities.best_effort_limits
+            missing = {"memory_mb", "pids"} - s.backend.capabilities.enforced_limits
+            result = await s.run(["true"])
+    assert result.returncode == 0
+    warned = [log for log in logs if log["event"] == "sandbox.limits.unenforced"]
+    assert [sorted(log["limits"]) for log in warned] == ([sorted(missing)] if missing else [])
+    with pytest.raises(InvalidArgument, match="limits must be one of enforce, best-effort"):
+        ProcessBackend(limits="sometimes")
+
+
 @needs_cgroups
 async def test_fork_bomb_is_contained(process_root: Path) -> None:
     defaults = SandboxDefaults(resources=Resources(pids=64))

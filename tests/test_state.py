@@ -156,6 +156,7 @@ async def test_a_failed_reset_removes_the_sandbox_and_the_next_episode_gets_a_fr
             dirty_id = sandbox.id
             await sandbox.exec(["sh", "-c", "echo dirty > /workspace/dirty"])
             monkeypatch.setattr(_state, "wipe", broken)
+            monkeypatch.setattr(_state, "empty", broken)  # where the executor stays
         with capture_logs() as logs:
             for _ in range(100):
                 await anyio.sleep(0.05)
@@ -448,3 +449,41 @@ def test_layers_can_be_mounted_from_many_threads_at_once() -> None:
         pytest.fail("the helpers of concurrent idmapped mounts waited on each other (hung)")
     assert done.returncode == 0, f"{done.stdout} {done.stderr}"
     assert done.stdout.split() == ["400", "0"]
+
+
+CRASHING_OWNER = textwrap.dedent(
+    """
+    import os, sys, anyio
+    from asyncsandbox import Session
+    async def main():
+        async with Session("process", backend_options={"root": sys.argv[1]}, sweep=False) as s:
+            async with s.sandbox() as sb:
+                await sb.write_file("note", "x")
+                dropped = await sb.snapshot()
+                kept = await sb.snapshot(keep=True)
+                print(dropped.id, kept.id, flush=True)
+                os._exit(9)  # the owner dies: nothing of it runs its cleanup
+    anyio.run(main)
+    """
+)
+
+
+async def test_gc_deletes_the_snapshots_a_crashed_owner_left(process_root: Path) -> None:
+    """A snapshot that was to go with its session carries its owner's labels; once the
+    owner is gone, the next gc (and the next Session's sweep) deletes it. A kept one stays.
+    (Failed before: nothing listed snapshots, so they stayed forever.)"""
+    done = await anyio.run_process(
+        [sys.executable, "-c", CRASHING_OWNER, str(process_root)], check=False
+    )
+    assert done.returncode == 9, done.stderr.decode()
+    dropped, kept = done.stdout.decode().split()
+    assert sorted(_snapshots(process_root)) == sorted([dropped, kept])
+    async with session(process_root, sweep=False) as s:  # gc by hand, a dry run first
+        listed = await s.gc(dry_run=True)
+        assert [(item.id, why) for item, why in listed if item.id in (dropped, kept)] == [
+            (dropped, "owner process is gone")
+        ]
+        assert sorted(_snapshots(process_root)) == sorted([dropped, kept])
+        await s.gc()
+        assert _snapshots(process_root) == [kept]
+        await s.delete_snapshot(kept)

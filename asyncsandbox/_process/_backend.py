@@ -31,7 +31,7 @@ from .._errors import (
     SandboxNotFound,
 )
 from .._log import get_logger
-from .._models import SandboxInfo, SandboxStatus
+from .._models import SandboxInfo, SandboxStatus, SnapshotInfo
 from .._shellfiles import InteractiveProcess, ShellFiles
 from .._util import single_error
 from ..abc import (
@@ -67,6 +67,8 @@ __all__ = ("ProcessAttributes", "ProcessBackend")
 UNISOLATED_PIPE_GRACE = 1.0
 LAUNCHER_EXIT_GRACE = 3.0
 ISOLATION_ENV = "ASYNCSANDBOX_PROCESS_ISOLATION"
+LIMITS_ENV = "ASYNCSANDBOX_PROCESS_LIMITS"
+LIMITS = ("enforce", "best-effort")
 ETC_SWEEP_AGE = 3600.0  # unused /etc snapshots older than this are removed
 
 
@@ -195,6 +197,10 @@ class ProcessBackend(Backend):
         with ``False``), every command is launched on its own by the chosen mechanism.
     :param executor_idle: seconds an executor waits for its next command before it stops
         (``None``: until the sandbox is removed).
+    :param limits: ``"enforce"`` (default): a sandbox asking for a limit this backend
+        cannot enforce here is refused, naming the limit and how to get it;
+        ``"best-effort"``: such sandboxes run without it (a weaker mode, explicit only,
+        with a warning). Default: ``$ASYNCSANDBOX_PROCESS_LIMITS``, else ``"enforce"``.
     """
 
     name = "process"
@@ -208,11 +214,17 @@ class ProcessBackend(Backend):
         uid_range: tuple[int, int] | list[int] | None = None,
         fast_path: bool = True,
         executor_idle: float | None = 30.0,
+        limits: str | None = None,
     ) -> None:
         mode = isolation if isolation is not None else os.environ.get(ISOLATION_ENV) or "auto"
         if mode not in MODES:
             where = "isolation" if isolation is not None else f"${ISOLATION_ENV}"
             raise InvalidArgument(f"{where} must be one of {', '.join(MODES)}; got {mode!r}")
+        chosen = limits if limits is not None else os.environ.get(LIMITS_ENV) or "enforce"
+        if chosen not in LIMITS:
+            where = "limits" if limits is not None else f"${LIMITS_ENV}"
+            raise InvalidArgument(f"{where} must be one of {', '.join(LIMITS)}; got {chosen!r}")
+        self._best_effort = chosen == "best-effort"
         if not isinstance(seccomp, bool):
             raise InvalidArgument(f"seccomp must be a bool, got {seccomp!r}")
         if not isinstance(fast_path, bool):
@@ -309,6 +321,9 @@ class ProcessBackend(Backend):
                 else "; snapshots are copies (O(data) without reflinks)"
             ),
             enforced_limits=frozenset(limits),
+            # Without isolation nothing is enforced: that mode is explicit and warned of.
+            best_effort_limits=self._best_effort or not mechanism.isolated,
+            limits_note=self._limits_note(frozenset(limits)),
             network_modes=frozenset({"none", "host"} if mechanism.isolated else {"host"}),
             reports_signal=False,
             snapshots=True,
@@ -322,6 +337,27 @@ class ProcessBackend(Backend):
             root=str(self.root),
             isolation=mechanism.name,
             cgroups=self._cgroups.version if self._cgroups else None,
+        )
+
+    def _limits_note(self, enforced: frozenset[str]) -> str:
+        """Why the limits missing from ``enforced`` cannot be had here, and how to."""
+        why = []
+        if not {"memory_mb", "pids", "cpus"} <= enforced:
+            if os.geteuid() == 0:
+                why.append(
+                    "this machine gives this process no writable cgroup controllers "
+                    "(memory, pids, cpu) for memory_mb, pids and cpus"
+                )
+            else:
+                why.append("memory_mb, pids and cpus need cgroups, which need root")
+        if "disk_mb" not in enforced:
+            why.append("disk_mb needs root (a tmpfs of that size per sandbox)")
+        if not why:
+            return ""
+        return (
+            "; ".join(why)
+            + f"; to run without them, backend_options={{'limits': 'best-effort'}} (or "
+            f"${LIMITS_ENV}=best-effort)"
         )
 
     def _probe_layers(self, ids: HostIds, owner: int) -> int | None:
@@ -515,6 +551,10 @@ class ProcessBackend(Backend):
         if meta is None:
             raise InvalidArgument(f"snapshot {snapshot_id!r} is unreadable")
         return meta
+
+    async def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        metas = await anyio.to_thread.run_sync(_state.listed, self.root)
+        return [SnapshotInfo(id=m.id, labels=m.labels, created_at=m.created_at) for m in metas]
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         path = _state.directory(self.root, snapshot_id)
@@ -989,7 +1029,7 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
 
     # -- state -----------------------------------------------------------------------------
 
-    async def snapshot(self) -> str:
+    async def snapshot(self, *, labels: Mapping[str, str] | None = None) -> str:
         self._check_alive()
         if (self._cgroup is None or not self._cgroup.can_freeze) and self._commands_running():
             raise InvalidArgument(
@@ -1002,6 +1042,7 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
             workdir=self._meta.workdir,
             source=self.id,
             created_at=time.time(),
+            labels=dict(labels or {}),
         )
         target = self._backend.root / _state.SNAPSHOTS / meta.id
         try:
@@ -1026,24 +1067,46 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         self._check_alive()
         if not self._backend.mechanism.isolated:
             raise InvalidArgument("the process backend resets only isolated sandboxes")
-        # Every process goes: the executor (and the namespaces it holds: IPC objects and
-        # /dev/shm with them), each launched command, whatever else is in the cgroup.
-        await self.stop_executor()
+        # Every command goes, with what it left: the executor kills them all and gives the
+        # next ones a fresh IPC namespace and /dev/shm, so it stays (the next episode's
+        # first command costs no executor start); without one (or if it cannot), it goes
+        # too, with the namespaces it holds. Each launched command goes, and whatever
+        # else is in the cgroup.
+        layers = self._meta.layers  # a reset remounts them: the view goes, with the executor
+        executor = None if layers else self._executor
+        if executor is not None and executor.alive:
+            try:
+                with anyio.fail_after(self._backend.timeouts.cleanup):
+                    await executor.reset()
+            except (InfrastructureError, TimeoutError):
+                executor = None
+        if executor is None or not executor.alive:
+            executor = None
+            await self.stop_executor()
         for process in list(self._processes):
-            process.kill()
+            if executor is None or process is not executor.process:
+                process.kill()
         with anyio.fail_after(self._backend.timeouts.cleanup):
             for process in list(self._processes):
-                await process.wait()  # a launcher's namespace dies with it, and all in it
-        layout, snapshot, layers = self._layout, self._meta.snapshot, self._meta.layers
+                if executor is None or process is not executor.process:
+                    await process.wait()  # a launcher's namespace dies with it, and all in it
+        layout, snapshot = self._layout, self._meta.snapshot
+        # The executor's launcher, and the executor under it (PID 1 of the sandbox).
+        kept = (
+            set() if executor is None else {executor.process.pid, *_children(executor.process.pid)}
+        )
 
         def restore() -> None:
-            if self._cgroup is not None and not self._cgroup.kill_all():
+            if self._cgroup is not None and not self._cgroup.kill_all(sparing=kept):
                 raise OSError(f"sandbox {self.id}: processes survived the cgroup's kill")
             if layers:  # its own layer dropped: O(what the episode changed)
                 _state.reset_layers(layout, layers)
                 return
-            _state.wipe(layout)
-            _layout.populate(layout)
+            if executor is not None:
+                _state.empty(layout)  # the executor's view binds the areas: they stay
+            else:
+                _state.wipe(layout)
+                _layout.populate(layout)
             if snapshot is not None:
                 _state.restore(self._backend._snapshot_dir(snapshot), layout)
 

@@ -175,14 +175,18 @@ class SandboxCgroup:
                 pids.update(int(p) for p in (directory / "cgroup.procs").read_text().split())
         return pids
 
-    def kill_all(self, deadline: float = 5.0) -> bool:
-        """SIGKILL every process in the cgroup until none is left; True when empty."""
-        if self.version == 2:
+    def kill_all(
+        self, deadline: float = 5.0, *, sparing: set[int] | frozenset[int] = frozenset()
+    ) -> bool:
+        """SIGKILL every process in the cgroup until none is left but ``sparing`` (the
+        sandbox's executor, which a reset keeps: no other process may be left); True when
+        none else is."""
+        if self.version == 2 and not sparing:
             with contextlib.suppress(OSError):
                 (self.dirs["unified"] / "cgroup.kill").write_text("1")
         end = time.monotonic() + deadline
         while True:
-            pids = self._pids()
+            pids = self._pids() - sparing
             if not pids:
                 return True
             for pid in pids:

@@ -161,6 +161,23 @@ class Executor:
             )
         return command.exit
 
+    async def reset(self) -> None:
+        """Kill every command, and give the next ones a fresh IPC namespace and an empty
+        ``/dev/shm`` (see ``_launcher.reset``); raise :class:`ExecutorGone` (or
+        :class:`InfrastructureError`, with why) if it could not."""
+        self._check()
+        self._next_id += 1
+        reset_id = self._next_id
+        reset = self._commands[reset_id] = _Command()
+        try:
+            await self._send(marshal.dumps({"op": "reset", "id": reset_id}), [])
+            await reset.done.wait()
+        finally:
+            self._commands.pop(reset_id, None)
+        self._check()
+        if reset.error is not None:
+            raise InfrastructureError(f"the executor could not reset the sandbox: {reset.error}")
+
     async def kill(self, command: _Command) -> None:
         """Kill the command's whole tree; return once the executor says it is gone."""
         if command.done.is_set() or self._gone is not None:

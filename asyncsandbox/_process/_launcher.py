@@ -574,7 +574,8 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
 
     Requests (marshal, one per SOCK_SEQPACKET record): ``{"op": "run", "id", "argv",
     "env", "cwd"}`` with the command's stdin, stdout and stderr attached (SCM_RIGHTS);
-    ``{"op": "kill", "id"}``. Answers: ``{"id", "exit": status}`` once a command's
+    ``{"op": "kill", "id"}``; ``{"op": "reset", "id"}`` (see :func:`reset`: answered
+    ``{"id", "exit": 0}`` once done). Answers: ``{"id", "exit": status}`` once a command's
     namespace is empty (its init says so on its channel, so the answer never waits for a
     namespace to be torn down; an init that dies without saying it is answered for when it
     is reaped), or ``{"id", "error": message}`` if it could not be handed to an init. A
@@ -708,6 +709,21 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
                     if init.request == request["id"]:
                         init.kill()
                 continue
+            if request["op"] == "reset":
+                for pid, init in list(inits.items()):
+                    init.kill()
+                    os.waitpid(pid, 0)  # it is PID 1 of its namespace: all in it died too
+                    del inits[pid]
+                    close_channel(init)
+                    if init.request is not None:
+                        answer({"id": init.request, "exit": 128 + signal.SIGKILL})
+                try:
+                    reset(spec)
+                except (OSError, SetupError) as exc:
+                    answer({"id": request["id"], "error": str(exc)})
+                else:
+                    answer({"id": request["id"], "exit": 0})
+                continue
             try:
                 run(request, fds)
             except (OSError, SetupError) as exc:
@@ -715,6 +731,16 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
             finally:
                 for fd in fds:
                     os.close(fd)
+
+
+def reset(spec: Spec) -> None:
+    """Give the sandbox's next commands what a fresh executor would (its commands are all
+    gone already): a new IPC namespace (System V objects and POSIX message queues of the
+    old one die with it) and an empty ``/dev/shm``. Its files are the backend's to restore;
+    nothing else of it can a command change (no capability, no mount, no ``setns``)."""
+    check(LIBC.unshare(CLONE_NEWIPC), "create a fresh IPC namespace")
+    check(LIBC.umount2(b"/dev/shm", MNT_DETACH), "detach /dev/shm")
+    mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec['shm_size']}")
 
 
 def fork_command(

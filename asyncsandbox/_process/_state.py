@@ -58,6 +58,7 @@ class SnapshotMeta(msgspec.Struct, kw_only=True):
     source: str  # the sandbox it was taken from
     created_at: float
     layers: list[str] = []  # its layers, top first; none: a copy, in the snapshot's fs/
+    labels: dict[str, str] = {}  # its owner's, when it goes with its session
 
 
 _decoder = msgspec.json.Decoder(SnapshotMeta)
@@ -73,6 +74,16 @@ def directory(root: Path, snapshot_id: str) -> Path | None:
     if not SNAPSHOT_ID.fullmatch(snapshot_id):
         return None
     return root / SNAPSHOTS / snapshot_id
+
+
+def listed(root: Path) -> list[SnapshotMeta]:
+    """The snapshots under the backend's ``root`` (those whose meta is complete)."""
+    try:
+        entries = list((root / SNAPSHOTS).iterdir())
+    except FileNotFoundError:
+        return []
+    found = (read_meta(entry) for entry in entries if SNAPSHOT_ID.fullmatch(entry.name))
+    return [meta for meta in found if meta is not None]
 
 
 def read_meta(path: Path) -> SnapshotMeta | None:
@@ -227,6 +238,37 @@ def wipe(layout: Layout) -> None:
             rmtree(path)
         else:
             path.unlink()
+
+
+def empty(layout: Layout) -> None:
+    """Empty the sandbox's writable areas in place, for a sandbox whose executor stays
+    (its processes are dead by now): the executor's view binds the three directories, so
+    they stay, their content goes, and they are as :func:`_layout.populate` makes them
+    (mode, owner, no extended attributes or ACL, new times); anything else in ``fs`` goes."""
+    fs = layout.root / "fs"
+    areas = {layout.tmp: 0o1777, layout.home: 0o755, layout.work: 0o755}
+    for entry in os.listdir(fs):
+        path = fs / entry
+        if path in areas and path.is_dir() and not path.is_symlink():
+            for child in os.listdir(path):
+                inside = path / child
+                if inside.is_dir() and not inside.is_symlink():
+                    rmtree(inside)
+                else:
+                    inside.unlink()
+        elif path.is_dir() and not path.is_symlink():
+            rmtree(path)
+        else:
+            path.unlink()
+    for path, mode in areas.items():
+        for name in os.listxattr(path, follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                os.removexattr(path, name, follow_symlinks=False)
+        ids = layout.host_ids
+        if ids is not None:
+            os.chown(path, ids.uid, ids.gid)
+        os.chmod(path, mode)
+        os.utime(path)
 
 
 def sweep(root: Path) -> None:

@@ -393,6 +393,7 @@ class FakeBackend(Backend):
             async_libraries=async_libraries,
             isolation="none (in-memory fake)",
             enforced_limits=frozenset(),
+            best_effort_limits=True,  # a fake: nothing is enforced, nothing is refused
             network_modes=frozenset({"none", "host"}),
             reports_signal=True,
         )

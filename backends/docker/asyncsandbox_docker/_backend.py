@@ -20,6 +20,7 @@ from asyncsandbox import (
     SandboxError,
     SandboxInfo,
     SandboxNotFound,
+    SnapshotInfo,
 )
 from asyncsandbox.abc import Backend, BackendCapabilities, SandboxHandle, SandboxSpec
 from asyncsandbox.log import get_logger
@@ -32,6 +33,7 @@ from ._fast_path import FastPath
 from ._sandbox import (
     DELETED,
     SNAPSHOT_LABEL,
+    SNAPSHOT_OWNER_LABEL,
     Container,
     DockerAttributes,
     DockerSandbox,
@@ -344,6 +346,24 @@ class DockerBackend(Backend):
                 ) from None
             raise
         return image
+
+    async def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        images = await self.engine.call(
+            "GET", "images/json", params={"filters": {"label": [SNAPSHOT_LABEL]}}
+        )
+        listed = []
+        for image in images:
+            labels = image.get("Labels") or {}
+            snapshot_id = labels.get(SNAPSHOT_LABEL, "")
+            try:
+                taken_with = json.loads(labels.get(SNAPSHOT_OWNER_LABEL) or "{}")
+            except ValueError:
+                taken_with = {}
+            if snapshot_id and isinstance(taken_with, dict):
+                listed.append(
+                    SnapshotInfo(id=snapshot_id, labels=taken_with, created_at=image.get("Created"))
+                )
+        return listed
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         image = snapshot_ref(snapshot_id)

@@ -10,6 +10,7 @@ Engine API path for good if its executor fails (:meth:`Path.serving`).
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import time
 import uuid
@@ -46,6 +47,9 @@ log = get_logger("asyncsandbox.docker")
 OOM_EVENT_GRACE = 0.5
 SNAPSHOT_REPOSITORY = "asyncsandbox-snapshot"
 SNAPSHOT_LABEL = "asyncsandbox.snapshot"
+SNAPSHOT_OWNER_LABEL = "asyncsandbox.snapshot.labels"
+"""The labels a snapshot was taken with (JSON): apart from the image's other labels,
+which a commit copies from the container (its owner's, even for a kept snapshot)."""
 DELETED = "deleted-"  # the tag of a snapshot deleted while sandboxes used it
 _STATES = {
     "created": SandboxStatus.CREATING,
@@ -355,7 +359,7 @@ class DockerSandbox(SandboxHandle):
             said = output.decode(errors="replace").strip()[-2000:]
             raise BackendUnavailable(f"sandbox {self.id} could not be reset: {said}")
 
-    async def snapshot(self) -> str:
+    async def snapshot(self, *, labels: Mapping[str, str] | None = None) -> str:
         """A ``docker commit`` of the container (paused meanwhile) to an image of our own
         repository; the image's configuration is the original image's environment only, so
         that a sandbox started from it gets its own settings (as a fresh one would)."""
@@ -375,7 +379,13 @@ class DockerSandbox(SandboxHandle):
                     "POST",
                     "commit",
                     params={"container": name, "repo": repository, "tag": tag, "pause": True},
-                    body={"Env": env, "Labels": {SNAPSHOT_LABEL: snapshot_id}},
+                    body={
+                        "Env": env,
+                        "Labels": {
+                            SNAPSHOT_LABEL: snapshot_id,
+                            SNAPSHOT_OWNER_LABEL: json.dumps(dict(labels or {})),
+                        },
+                    },
                     sandbox_id=name,
                     deadline=self._backend.timeouts.create,
                 )

@@ -10,10 +10,13 @@ lease reaper for the server's lifetime (:meth:`RemoteServer.lifespan`), routes e
 operation to its handler (:mod:`._handlers`), and turns what a handler raises into the
 answer (:mod:`._errors`), counting every answer in the metrics. Calls go one way::
 
-    _app ─> _handlers, _fusion ─> _tenancy, _streaming ─> _errors
+    _app ─> _handlers, _fusion, _e2b ─> _tenancy, _streaming ─> _errors
 
-SandboxFusion's ``POST /run_code`` (:mod:`._fusion`) is served beside the API, on the
-same Session, tenants and quotas.
+SandboxFusion's ``POST /run_code`` (:mod:`._fusion`) and E2B's API (:mod:`._e2b`: its
+control plane among the routes, each sandbox's envd in front of them, on the same port,
+routed by the ``E2b-Sandbox-Id`` header) are served beside the API, on the same Session,
+tenants and quotas. E2B's API needs the ``e2b`` extra; without it, its requests answer
+501 saying so.
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 from starlette.applications import Starlette
+from starlette.datastructures import State
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from asyncsandbox import Session, create_backend
 from asyncsandbox.abc import Backend
@@ -41,7 +47,10 @@ from ._openapi import OPERATIONS
 from ._served import ServedBackend
 from ._tenancy import Tenancy
 
-__all__ = ("RemoteServer", "create_app")
+if TYPE_CHECKING:
+    from ._e2b import ControlPlane
+
+__all__ = ("RemoteServer", "ServerApp", "create_app")
 
 log = get_logger("asyncsandbox.remote")
 
@@ -68,6 +77,15 @@ class RemoteServer:
         self.running: Session | None = None
         """The Session, while the server runs."""
         self.closing = False
+        self._task_group: anyio.abc.TaskGroup | None = None
+
+    @property
+    def task_group(self) -> anyio.abc.TaskGroup:
+        """The server's task group, for work that outlives its request (E2B's background
+        commands and directory watchers); 503 when the server does not run."""
+        if self._task_group is None:
+            raise HttpError(503, "shutting_down", "the server is not running", retryable=True)
+        return self._task_group
 
     @property
     def session(self) -> Session:
@@ -103,10 +121,12 @@ class RemoteServer:
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self.tenancy.reap_forever)
+                    self._task_group = tg
                     try:
                         yield
                     finally:
                         self.closing = True
+                        self._task_group = None
                         tg.cancel_scope.cancel()
             finally:
                 self.closing = True
@@ -120,9 +140,12 @@ class RemoteServer:
                 )
         self.tenancy.clear()
 
-    def routes(self, handlers: Handlers, fusion: FusionHandlers) -> list[Route]:
+    def routes(
+        self, handlers: Handlers, fusion: FusionHandlers, e2b: ControlPlane | None
+    ) -> list[Route]:
         """One route per operation of the API, answered by the handler of its name; and
-        SandboxFusion's routes (:mod:`._fusion`: not part of this API's document)."""
+        SandboxFusion's and E2B's control plane routes (:mod:`._fusion`, :mod:`._e2b`:
+        not part of this API's document)."""
         routes = [Route("/openapi.json", handlers.openapi_json, methods=["GET"])]
         for op in OPERATIONS:
             handler = getattr(handlers, "metrics_text" if op.name == "metrics" else op.name)
@@ -139,6 +162,8 @@ class RemoteServer:
         )
         unsupported = self._endpoint("fusion_unsupported", fusion.unsupported)
         routes.extend(Route(path, unsupported, methods=["POST"]) for path in UNSUPPORTED_ROUTES)
+        if e2b is not None:
+            routes.extend(e2b.routes(self._endpoint))
         return routes
 
     def _endpoint(
@@ -160,22 +185,60 @@ class RemoteServer:
         return endpoint
 
 
+class ServerApp(Protocol):
+    """The server's ASGI application; ``state.server`` is its :class:`RemoteServer`."""
+
+    state: State
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None: ...
+
+
 def create_app(
     config: ServerConfig,
     tenants: Iterable[Tenant],
     *,
     backend: Backend | None = None,
     version: str = "",
-) -> Starlette:
+) -> ServerApp:
     """The ASGI application of the server (serve it with uvicorn, on asyncio).
 
     :param backend: a backend instance to serve instead of ``config.backend`` by name.
     """
     server = RemoteServer(config, tenants, backend, version=version)
+    try:
+        from ._e2b import ControlPlane, E2bRouter
+    except ImportError as exc:  # the e2b extra is not installed
+        missing = str(exc)
+        control = None
+    else:
+        control = ControlPlane(server)
     app = Starlette(
-        routes=server.routes(Handlers(server), FusionHandlers(server)),
+        routes=server.routes(Handlers(server), FusionHandlers(server), control),
         lifespan=server.lifespan,
         exception_handlers={404: no_route, 405: no_route},
     )
     app.state.server = server
-    return app
+    if control is not None:
+        return E2bRouter(app, server, control)
+    return _WithoutE2b(app, missing)
+
+
+class _WithoutE2b:
+    """In front of the application when the ``e2b`` extra is missing: E2B's sandbox
+    requests (``E2b-Sandbox-Id``) answer 501 saying what to install."""
+
+    def __init__(self, app: Starlette, missing: str) -> None:
+        self.app = app
+        self.state = app.state
+        self._missing = missing
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and any(k == b"e2b-sandbox-id" for k, _ in scope["headers"]):
+            response = HttpError(
+                501,
+                "not_supported",
+                f"E2B's API needs asyncsandbox-remote[e2b] on the server ({self._missing[:200]})",
+            ).response()
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

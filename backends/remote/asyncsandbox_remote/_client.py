@@ -66,7 +66,7 @@ from asyncsandbox.abc import (
     SandboxHandle,
     SandboxSpec,
 )
-from asyncsandbox.judge import JudgeRequest, JudgeResult
+from asyncsandbox.judge import Checker, JudgeRequest, JudgeResult
 from asyncsandbox.log import get_logger
 
 from . import _wire as w
@@ -105,10 +105,6 @@ def _error_body(response: httpx.Response) -> w.ErrorBody | None:
         return w.ERROR.decode(response.content).error
     except msgspec.DecodeError:
         return None
-
-
-def _bytes(value: str | bytes) -> bytes:
-    return value.encode() if isinstance(value, str) else value
 
 
 def _reason(value: str | None) -> FileErrorReason:
@@ -571,36 +567,12 @@ class RemoteBackend(Backend):
         )
 
     async def judge(self, request: JudgeRequest) -> JudgeResult:
-        """The whole judgement on the server, in one request (``POST /v1/judge``): the
-        cases run where the sandbox is, with no round trip each."""
-        body = w.JudgeBody(
-            program=request.program,
-            cases=[
-                w.JudgeCase(
-                    stdin=_bytes(case.stdin),
-                    expected=None if case.expected is None else _bytes(case.expected),
-                    time_limit=case.time_limit,
-                    memory_mb=case.memory_mb,
-                    name=case.name,
-                )
-                for case in request.cases
-            ],
-            comparison=cast(Any, request.comparison),
-            float_tolerance=request.float_tolerance,
-            checker=request.checker,
-            time_limit=request.time_limit,
-            memory_mb=request.memory_mb,
-            stop_on_failure=request.stop_on_failure,
-            parallel=request.parallel,
-            compile_timeout=request.compile_timeout,
-            output_limit=request.output_limit,
-            sandbox=w.CreateSandbox()
-            if request.sandbox is None
-            else self._create_body(request.sandbox),
-        )
+        """The whole judgement on the server, in one request (``POST /v1/judge``, whose
+        body is the request itself): the cases run where the sandbox is, with no round
+        trip each."""
         # The server enforces every limit; wait as long as they may take, one case at a
         # time (a checker's run counts as another case), the builds, and a margin.
-        per_case = 5 if request.checker is not None else 1
+        per_case = 5 if isinstance(request.comparison, Checker) else 1
         cases = sum(case.time_limit or request.time_limit for case in request.cases)
         budget = 2 * request.compile_timeout + per_case * cases + 60
         response = await self.api.call(
@@ -608,7 +580,7 @@ class RemoteBackend(Backend):
             "/v1/judge",
             what="judge",
             reconnect=False,  # not idempotent: a lost answer is an infrastructure error
-            content=w.JUDGE.encode(body),
+            content=w.JUDGE.encode(request),
             headers=JSON_HEADERS,
             read_timeout=budget,
         )
@@ -1011,7 +983,9 @@ class RemoteSandbox(SandboxHandle):
         )
         return _info(_decode(w.DESCRIPTION, response))
 
-    async def snapshot(self) -> str:
+    async def snapshot(self, *, labels: Mapping[str, str] | None = None) -> str:
+        # The server keeps a tenant's snapshots until the tenant deletes them: labels are
+        # for backends that list their snapshots for gc, which this one does not.
         # Sent once (a retry would take another snapshot); its answer lost, the snapshot
         # stays the tenant's until the server goes (it is not this session's to delete).
         response = await self._backend.api.call(

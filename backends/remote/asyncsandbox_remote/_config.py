@@ -57,6 +57,11 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """Seconds of silence after which a streaming exec sends a ping frame."""
     idempotency_ttl: float = 24 * 3600.0
     """How long an idempotency key is remembered."""
+    e2b_templates: dict[str, str | None] = msgspec.field(default_factory=dict)
+    """E2B template names and the images their sandboxes run (the E2B-compatible API);
+    ``base`` and ``code-interpreter-v1`` run the backend's default image unless named."""
+    e2b_max_timeout: float = 24 * 3600.0
+    """Longest lifetime an E2B sandbox may ask for (``timeout``, ``set_timeout``)."""
     sweep: bool = True
     """On start, remove sandboxes of dead owners (a crashed server's) on the backend."""
     limits: Limits = msgspec.field(default_factory=Limits)
@@ -68,7 +73,13 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise InvalidArgument(f"port must be 0-65535, got {self.port}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgument("tls_cert and tls_key go together")
-        for name in ("lease_seconds", "max_lease_seconds", "shutdown_grace", "ping_interval"):
+        for name in (
+            "lease_seconds",
+            "max_lease_seconds",
+            "shutdown_grace",
+            "ping_interval",
+            "e2b_max_timeout",
+        ):
             value = getattr(self, name)
             if not value > 0 or value == float("inf"):
                 raise InvalidArgument(f"{name} must be a positive number of seconds")

@@ -5,25 +5,24 @@ for the unmodified ``sandbox-fusion`` client (``sandbox_fusion.run_code``,
 
 Each request runs in a FRESH sandbox of the served backend, made through the server's
 Session like every other sandbox (its limits, deadlines, retries and error mapping apply),
-and removed on every exit path, the client's disconnect included (the command is killed
-first). In the sandbox's workdir: the request's ``files`` (base64) are written, then the
-code as ``main.<ext>``; a compiled language is compiled (``compile_timeout``), then the
-program runs (``run_timeout``, which kills its whole process tree) with ``stdin``; then
-``fetch_files`` are read back (base64; a file that cannot be read is left out).
-``memory_limit_MB`` (> 0) is the sandbox's memory limit (``Resources.memory_mb``), which
-the compile step shares; otherwise the Session's default applies.
+and removed on every exit path, the client's disconnect included (the program is killed
+first). In the sandbox's workdir the request's ``files`` (base64) are written; then the
+code is judged there as one test case with no expected output, by the judge
+(:func:`asyncsandbox.judge.judge`): written as its language's source file, compiled
+(``compile_timeout``), run with ``stdin`` (``run_timeout``, counted from the program's own
+start; the whole process tree is killed). Its output is the program's own answer, as for
+every verdict: what it wrote before its main process ended (nothing it left behind can
+add to it). Then ``fetch_files`` are read back (base64; a file that cannot be read is left
+out). ``memory_limit_MB`` (> 0) is the sandbox's memory limit (``Resources.memory_mb``),
+which the compile step shares; otherwise the Session's default applies. A program whose
+output passes the sandbox's ``max_output_bytes`` is killed there.
 
-Languages (``language`` → the commands, in the sandbox's workdir)::
-
-    python   python3 main.py
-    bash     bash main.sh
-    cpp      g++ -O2 -std=c++17 main.cpp -o main; ./main   (C arrives as cpp, as in SandboxFusion)
-    nodejs   node main.js
-    perl     perl main.pl
-
-These are the ones a Debian-like system provides cheaply (the process backend shares the
-host's ``/usr``; a Docker image must carry them). Any other language gets a 400 naming
-these. A program the sandbox lacks exits 127 (a command outcome, as in SandboxFusion).
+Languages: the judge's table (:data:`asyncsandbox.judge.LANGUAGES`), under SandboxFusion's
+names too: ``python``, ``bash``, ``cpp`` (C arrives as cpp, as in SandboxFusion; ``g++
+-std=gnu++17``), ``nodejs``, ``perl``, and the judge's others (``c``, ``java``). The
+process backend shares the host's ``/usr``; a Docker image must carry them. Any other
+language gets a 400 naming these. A program the sandbox lacks answers ``SandboxError``
+(the sandbox cannot run it: not the program's fault).
 
 Statuses, as SandboxFusion's ``parse_run_status``: ``Success`` when every step finished
 with exit 0; ``Failed`` when one exited non-zero (a compile failure answers
@@ -61,7 +60,6 @@ import base64
 import binascii
 import math
 import time
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -75,11 +73,19 @@ from asyncsandbox import (
     Execution,
     InfrastructureError,
     InvalidArgument,
-    LaunchError,
     Result,
     Sandbox,
     SandboxError,
     SandboxFileError,
+)
+from asyncsandbox.judge import (
+    LANGUAGES,
+    CompileResult,
+    JudgeRequest,
+    Program,
+    TestCase,
+    Verdict,
+    judge,
 )
 from asyncsandbox.log import get_logger
 
@@ -90,31 +96,10 @@ from ._streaming import decode, json_response, until_disconnect
 if TYPE_CHECKING:
     from ._app import RemoteServer
 
-__all__ = ("LANGUAGES", "UNSUPPORTED_ROUTES", "FusionHandlers", "Language")
+__all__ = ("UNSUPPORTED_ROUTES", "FusionHandlers")
 
 log = get_logger("asyncsandbox.remote")
 
-
-@dataclass(frozen=True)
-class Language:
-    """How one SandboxFusion ``language`` runs: its source file, an optional compile
-    command, and the run command (argv, in the sandbox's workdir)."""
-
-    source: str
-    run: tuple[str, ...]
-    compile: tuple[str, ...] | None = None
-
-
-LANGUAGES: dict[str, Language] = {
-    "python": Language("main.py", ("python3", "main.py")),
-    "bash": Language("main.sh", ("bash", "main.sh")),
-    "cpp": Language(
-        "main.cpp", ("./main",), compile=("g++", "-O2", "-std=c++17", "main.cpp", "-o", "main")
-    ),
-    "nodejs": Language("main.js", ("node", "main.js")),
-    "perl": Language("main.pl", ("perl", "main.pl")),
-}
-"""The languages served (see the module docstring)."""
 
 UNSUPPORTED_ROUTES = (
     "/get_prompts",
@@ -227,11 +212,10 @@ class FusionHandlers:
     async def run_code(self, request: Request) -> Response:
         tenant = self.tenancy.authenticate(request)
         body = await decode(request, RUN_CODE, self.config.max_request_bytes)
-        language = LANGUAGES.get(body.language)
-        if language is None:
+        if body.language not in LANGUAGES:
             raise bad_request(
                 f"language {body.language[:50]!r} is not supported here; "
-                f"supported: {', '.join(sorted(LANGUAGES))} (C programs go as 'cpp')"
+                f"supported: {', '.join(sorted(LANGUAGES))}"
             )
         files = _decoded(body.files)
         if self.server.closing:
@@ -247,7 +231,7 @@ class FusionHandlers:
 
         async def work() -> None:
             nonlocal answer
-            answer = await _run(sandbox, body, language, files, self.config.max_file_bytes)
+            answer = await _run(sandbox, body, files, self.config.max_file_bytes)
 
         async with self.tenancy.ephemeral(tenant):
             if await until_disconnect(request.receive, work):
@@ -310,46 +294,61 @@ def _decoded(files: dict[str, str | None]) -> dict[str, bytes]:
 
 
 async def _run(
-    sandbox: Sandbox,
-    body: RunCodeRequest,
-    language: Language,
-    files: dict[str, bytes],
-    max_file_bytes: int,
+    sandbox: Sandbox, body: RunCodeRequest, files: dict[str, bytes], max_file_bytes: int
 ) -> RunCodeResponse:
     """Run one request in ``sandbox`` (started here, removed on every exit path)."""
-    compile_result: CommandRunResult | None = None
-    run_result: CommandRunResult | None = None
+    workdir = sandbox.config.workdir
+    request = JudgeRequest(
+        program=Program(source=body.code, language=body.language),
+        cases=(TestCase(stdin=body.stdin or b""),),
+        time_limit=body.run_timeout,
+        compile_timeout=body.compile_timeout,
+        output_limit=sandbox.config.max_output_bytes,
+        full_output=True,
+        directory=workdir,
+    )
     try:
         async with sandbox:
             try:
                 for path, data in files.items():
                     await sandbox.write_file(path, data)
-                await sandbox.write_file(language.source, body.code)
             except (InvalidArgument, SandboxFileError) as exc:
                 raise bad_request(f"cannot write the request's files: {exc}") from None
-            if language.compile is not None:
-                compile_result = await _step(sandbox, language.compile, body.compile_timeout)
-                if (
-                    compile_result.status != CommandRunStatus.FINISHED
-                    or compile_result.return_code != 0
-                ):
-                    return _response(compile_result, None, {})
-            run_result = await _step(sandbox, language.run, body.run_timeout, body.stdin)
-            fetched = await _fetch(sandbox, body.fetch_files, max_file_bytes)
+            result = await judge(sandbox, request)
+            fetched = {}
+            if result.verdict not in (Verdict.COMPILE_ERROR, Verdict.INFRASTRUCTURE_ERROR):
+                fetched = await _fetch(sandbox, body.fetch_files, max_file_bytes)
     except HttpError:
         raise
     except SandboxError as exc:
         # Ours, not the program's (infrastructure, or the server closing its Session):
         # SandboxFusion's SandboxError, which its client retries.
-        infrastructure = isinstance(exc, InfrastructureError)
-        log.warning("remote.fusion.sandbox_error", error=repr(exc), infrastructure=infrastructure)
+        return _sandbox_error(exc)
+    compiled = None if result.compile is None else _compiled(result.compile)
+    if result.verdict == Verdict.INFRASTRUCTURE_ERROR:
+        log.warning("remote.fusion.sandbox_error", error=result.error, infrastructure=True)
         return RunCodeResponse(
             status=RunStatus.SANDBOX_ERROR,
-            message=f"{'infrastructure error' if infrastructure else 'sandbox error'}: {exc}",
-            compile_result=compile_result,
-            run_result=run_result,
+            message=f"infrastructure error: {result.error}",
+            compile_result=compiled,
         )
-    return _response(compile_result, run_result, fetched)
+    if result.verdict == Verdict.COMPILE_ERROR:
+        return _response(compiled, None, {})
+    [case] = result.cases
+    if case.verdict == Verdict.TIME_LIMIT:
+        ran = CommandRunResult(
+            status=CommandRunStatus.TIME_LIMIT_EXCEEDED, stdout=case.stdout, stderr=case.stderr
+        )
+    else:
+        ran = CommandRunResult(
+            status=CommandRunStatus.FINISHED,
+            execution_time=case.seconds,
+            cpu_time=case.cpu_seconds,
+            return_code=case.returncode,
+            stdout=case.stdout,
+            stderr=case.stderr,
+        )
+    return _response(compiled, ran, fetched)
 
 
 async def _run_cells(
@@ -455,26 +454,25 @@ MIME_TYPES = {
 """Jupyter's MIME types of :class:`asyncsandbox.Result`'s fields."""
 
 
-async def _step(
-    sandbox: Sandbox, argv: tuple[str, ...], timeout: float, stdin: str | None = None
-) -> CommandRunResult:
-    """One command, as SandboxFusion's ``run_command_bare`` reports it."""
-    try:
-        result = await sandbox.exec(argv, stdin=stdin, timeout=timeout)
-    except ExecTimeout as exc:  # the process tree was killed
-        return CommandRunResult(
-            status=CommandRunStatus.TIME_LIMIT_EXCEEDED,
-            stdout=exc.result.stdout_text,
-            stderr=exc.result.stderr_text,
-        )
-    except LaunchError as exc:  # it never ran
-        return CommandRunResult(status=CommandRunStatus.ERROR, stderr=str(exc))
+def _compiled(compiled: CompileResult) -> CommandRunResult:
+    """The build step, as SandboxFusion reports one (the compiler's messages as stderr)."""
+    if compiled.returncode is None:
+        return CommandRunResult(status=CommandRunStatus.TIME_LIMIT_EXCEEDED, stderr=compiled.output)
     return CommandRunResult(
         status=CommandRunStatus.FINISHED,
-        execution_time=result.duration,
-        return_code=result.returncode,
-        stdout=result.stdout_text,
-        stderr=result.stderr_text,
+        execution_time=compiled.seconds,
+        return_code=compiled.returncode,
+        stdout="",
+        stderr=compiled.output,
+    )
+
+
+def _sandbox_error(exc: SandboxError) -> RunCodeResponse:
+    infrastructure = isinstance(exc, InfrastructureError)
+    log.warning("remote.fusion.sandbox_error", error=repr(exc), infrastructure=infrastructure)
+    return RunCodeResponse(
+        status=RunStatus.SANDBOX_ERROR,
+        message=f"{'infrastructure error' if infrastructure else 'sandbox error'}: {exc}",
     )
 
 

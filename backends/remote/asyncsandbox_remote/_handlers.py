@@ -21,6 +21,7 @@ from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -28,7 +29,6 @@ from starlette.types import Receive, Scope, Send
 from asyncsandbox import (
     ExecResult,
     ExecTimeout,
-    InvalidArgument,
     Resources,
     SandboxClosed,
     SandboxDied,
@@ -36,7 +36,7 @@ from asyncsandbox import (
     SandboxNotFound,
     SandboxStatus,
 )
-from asyncsandbox.judge import JudgeRequest, JudgeResult, TestCase, judge
+from asyncsandbox.judge import JudgeResult, judge
 from asyncsandbox.log import get_logger
 
 from . import _wire as w
@@ -326,44 +326,17 @@ class Handlers:
         body = await decode(request, w.JUDGE, self.config.max_request_bytes)
         if self.server.closing:
             raise HttpError(503, "shutting_down", "the server is shutting down", retryable=True)
-        arguments = self._sandbox_arguments(tenant, body.sandbox)
-        try:
-            comparison = JudgeRequest(
-                program=body.program,
-                cases=(),
-                comparison=body.comparison,
-                float_tolerance=body.float_tolerance,
-                checker=body.checker,
-            ).comparison_value()
-        except InvalidArgument as exc:
-            raise bad_request(str(exc)) from None
-        cases = [
-            TestCase(
-                stdin=case.stdin,
-                expected=case.expected,
-                time_limit=case.time_limit,
-                memory_mb=case.memory_mb,
-                name=case.name,
-            )
-            for case in body.cases
-        ]
+        try:  # the sandbox, as a create's body would ask for it (and checked as one)
+            spec = msgspec.convert(msgspec.to_builtins(body.sandbox or {}), w.CreateSandbox)
+        except msgspec.ValidationError as exc:
+            raise bad_request(f"invalid sandbox: {exc}") from None
+        arguments = self._sandbox_arguments(tenant, spec)
         result: JudgeResult | None = None
 
         async def work() -> None:
             nonlocal result
-            result = await judge(
-                self.server.session,
-                body.program,
-                cases,
-                comparison=comparison,
-                time_limit=body.time_limit,
-                memory_mb=body.memory_mb,
-                stop_on_failure=body.stop_on_failure,
-                parallel=body.parallel,
-                compile_timeout=body.compile_timeout,
-                output_limit=body.output_limit,
-                sandbox=arguments,
-            )
+            session = self.server.session
+            result = await judge(lambda: session.sandbox(**arguments), body)
 
         async with self.tenancy.ephemeral(tenant):
             if await until_disconnect(request.receive, work):

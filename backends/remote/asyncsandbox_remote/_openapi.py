@@ -11,7 +11,7 @@ import msgspec
 
 from asyncsandbox import CodeContext, ExecutionError, OutputMessage, Result
 from asyncsandbox.abc import CodeRequest
-from asyncsandbox.judge import JudgeResult
+from asyncsandbox.judge import JudgeRequest, JudgeResult
 
 from . import _wire as w
 
@@ -410,7 +410,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "once, run every case, answer typed verdicts and a score (a failure of the sandbox "
         "is the verdict infrastructure_error, score null). A client that disconnects kills "
         "the cases.",
-        body=w.JudgeBody,
+        body=JudgeRequest,
         answer=JudgeResult,
         errors=(400, 401, 413, 429, 503),
         tags=("judging",),

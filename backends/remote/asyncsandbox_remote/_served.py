@@ -121,8 +121,8 @@ class _ServedHandle(SandboxHandle):
     async def inspect(self) -> SandboxInfo:
         return await self._inner.inspect()
 
-    async def snapshot(self) -> str:
-        return await self._inner.snapshot()
+    async def snapshot(self, *, labels: Mapping[str, str] | None = None) -> str:
+        return await self._inner.snapshot(labels=labels)
 
     async def remove(self) -> None:
         if not self._backend.keep:

@@ -71,9 +71,21 @@ class Record:
     cancelled_execs: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_TOMBSTONES))
     removing: bool = False
     sandbox_backend: str = ""
+    lifetime_deadline: float | None = None
+    """A fixed end (``time.monotonic()``) instead of a lease: use does not extend it, and
+    the reaper removes the sandbox at that time even while it is in use (E2B's
+    ``timeout``)."""
 
     def renew(self) -> None:
-        self.lease_deadline = time.monotonic() + self.lease_seconds
+        if self.lifetime_deadline is not None:
+            self.lease_deadline = self.lifetime_deadline
+        else:
+            self.lease_deadline = time.monotonic() + self.lease_seconds
+
+    def set_lifetime(self, seconds: float) -> None:
+        """End the sandbox ``seconds`` from now (see :attr:`lifetime_deadline`)."""
+        self.lifetime_deadline = time.monotonic() + seconds
+        self.renew()
 
     def describe(self, status: str) -> w.SandboxDescription:
         remaining = max(0.0, self.lease_deadline - time.monotonic())
@@ -161,17 +173,9 @@ class Tenancy:
         header = request.headers.get("authorization", "")
         scheme, _, credentials = header.partition(" ")
         token = _token(scheme.lower(), credentials.strip())
-        found: TenantState | None = None
-        if token:
-            presented = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
-            # Constant time: compare against every key, never stop at the first match.
-            for key_digest, tenant in self._keys:
-                if hmac.compare_digest(presented, key_digest):
-                    found = tenant
+        found = self.tenant_of(token)
         if found is None:
-            self.metrics.auth_failures += 1
-            client = request.client.host if request.client else "?"
-            log.warning("remote.auth.failed", client=client, had_token=bool(token))
+            self.refused(request, had_key=bool(token))
             raise HttpError(
                 401,
                 "unauthorized",
@@ -182,6 +186,24 @@ class Tenancy:
                 },
             )
         return found
+
+    def tenant_of(self, key: str) -> TenantState | None:
+        """The tenant of API key ``key`` (None if it is nobody's), compared in constant
+        time. Callers that refuse on None count the failure (:meth:`refuse`)."""
+        found: TenantState | None = None
+        if key:
+            presented = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
+            # Constant time: compare against every key, never stop at the first match.
+            for key_digest, tenant in self._keys:
+                if hmac.compare_digest(presented, key_digest):
+                    found = tenant
+        return found
+
+    def refused(self, request: Request, *, had_key: bool) -> None:
+        """Count and log a request refused for want of a valid key or token."""
+        self.metrics.auth_failures += 1
+        client = request.client.host if request.client else "?"
+        log.warning("remote.auth.failed", client=client, had_token=had_key)
 
     def record(self, tenant: TenantState, sandbox_id: str) -> Record:
         """The tenant's sandbox ``sandbox_id`` (404 if it has none by that id)."""
@@ -284,7 +306,9 @@ class Tenancy:
         expired = [
             r
             for r in self.records.values()
-            if r.busy == 0 and not r.removing and r.lease_deadline <= now
+            if (r.busy == 0 or r.lifetime_deadline is not None)
+            and not r.removing
+            and r.lease_deadline <= now
         ]
         for tenant in self.tenants.values():
             while tenant.keys:

@@ -13,14 +13,14 @@ Each type has one reusable :class:`Codec` (a msgspec encoder and a typed decoder
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
 from msgspec import Meta
 
 from asyncsandbox import CodeContext, Execution, ExecutionError, OutputMessage, Result
 from asyncsandbox.abc import CodeRequest
-from asyncsandbox.judge import FloatTolerance, JudgeResult, Program
+from asyncsandbox.judge import JudgeRequest, JudgeResult
 
 __all__ = (
     "API_VERSION",
@@ -39,8 +39,6 @@ __all__ = (
     "ExecResponse",
     "ExitFrame",
     "Health",
-    "JudgeBody",
-    "JudgeCase",
     "LeaseRenewal",
     "Leases",
     "OutputFrame",
@@ -292,42 +290,6 @@ class ServerInfo(_Message, kw_only=True):
     max_upload_bytes: int | None = None
 
 
-# -- judging ------------------------------------------------------------------------------
-
-
-class JudgeCase(_Message, kw_only=True):
-    """One test case of a :class:`JudgeBody` (bytes travel as base64)."""
-
-    stdin: bytes = b""
-    expected: bytes | None = None
-    """``null``: only the checker (if any) and the exit status decide."""
-    time_limit: PositiveSeconds | None = None
-    memory_mb: Annotated[int, Meta(ge=1)] | None = None
-    name: ShortText | None = None
-
-
-class JudgeBody(_Message, kw_only=True):
-    """Body of ``POST /v1/judge``: judge a program on test cases in a fresh sandbox of
-    ``sandbox`` (removed afterwards), as ``asyncsandbox.judge.judge`` does; the answer is
-    its ``JudgeResult``. A client that disconnects kills the cases and removes the
-    sandbox."""
-
-    program: Program
-    cases: Annotated[list[JudgeCase], Meta(min_length=1, max_length=100_000)]
-    comparison: Literal["exact", "lines", "whitespace", "float", "checker"] = "whitespace"
-    float_tolerance: FloatTolerance | None = None
-    checker: Program | None = None
-    """The checker program, for ``comparison="checker"``."""
-    time_limit: PositiveSeconds = 10.0
-    memory_mb: Annotated[int, Meta(ge=1)] | None = None
-    stop_on_failure: bool = False
-    parallel: Annotated[int, Meta(ge=1, le=1024)] = 4
-    compile_timeout: PositiveSeconds = 60.0
-    output_limit: Annotated[int, Meta(ge=1)] = 1 << 20
-    sandbox: CreateSandbox = msgspec.field(default_factory=CreateSandbox)
-    """The sandbox to judge in (its ``labels`` and ``lease_seconds`` do not apply)."""
-
-
 # -- the code interpreter -----------------------------------------------------------------
 #
 # A run is the public CodeRequest as is (one carrier from the caller to the sandbox). Its
@@ -396,7 +358,8 @@ ERROR: Codec[ErrorResponse] = Codec(ErrorResponse)
 HEALTH: Codec[Health] = Codec(Health)
 INFO: Codec[ServerInfo] = Codec(ServerInfo)
 SNAPSHOT: Codec[SnapshotCreated] = Codec(SnapshotCreated)
-JUDGE: Codec[JudgeBody] = Codec(JudgeBody)
+JUDGE: Codec[JudgeRequest] = Codec(JudgeRequest)
+"""``POST /v1/judge``'s body: the judgement itself (``asyncsandbox.judge.JudgeRequest``)."""
 JUDGE_RESULT: Codec[JudgeResult] = Codec(JudgeResult)
 CODE_REQUEST: Codec[CodeRequest] = Codec(CodeRequest)
 CODE_FRAME: Codec[CodeFrame] = Codec(CodeFrame)

@@ -179,6 +179,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-lifecycle", type=int, default=8, help="concurrent creates/removes")
     parser.add_argument("--max-execs", type=int, default=256, help="server-wide concurrent execs")
     parser.add_argument(
+        "--e2b-template",
+        action="append",
+        default=[],
+        metavar="NAME=IMAGE",
+        help="an E2B template and the image its sandboxes run (repeatable); 'base' and "
+        "'code-interpreter-v1' run the backend's default image unless named",
+    )
+    parser.add_argument(
         "--print-url",
         action="store_true",
         help="once ready, print the base URL alone on stdout (the log line goes to stderr)",
@@ -191,7 +199,14 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     host, sep, port = args.listen.rpartition(":")
     if not sep or not port.isdigit():
         raise SystemExit(f"--listen needs HOST:PORT, got {args.listen!r}")
+    templates: dict[str, str | None] = {}
+    for item in args.e2b_template:
+        name, sep, image = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--e2b-template needs NAME=IMAGE, got {item!r}")
+        templates[name] = image or None
     return ServerConfig(
+        e2b_templates=templates,
         backend=args.backend,
         backend_options=parse_backend_options(args.backend_option),
         host=host or "127.0.0.1",

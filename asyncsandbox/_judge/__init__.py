@@ -1,0 +1,1 @@
+"""The judge: the model, the engine and the runner behind :mod:`asyncsandbox.judge`."""

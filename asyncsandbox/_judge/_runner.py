@@ -1,0 +1,527 @@
+"""The judge's runner: every test case of a judgement, run by one command in the sandbox.
+
+Runs inside the sandbox, on the sandbox's own ``python3`` (3.8 or later, standard library
+only): this file and :mod:`asyncsandbox._barrier` are sent as source, not imported
+(:data:`BOOT` loads them; the barrier arrives as the global ``barrier``).
+
+Each case runs in a fork of this process, in a session of its own, with its own stdin
+(a memory file), stdout and stderr (pipes read here) and nothing else of ours. Then:
+
+* ``"mode": "fork"`` (Python): the fork becomes ``python3 PROGRAM`` without starting an
+  interpreter: ``__main__`` is a fresh module, ``sys.argv`` is ``[PROGRAM]``, the standard
+  streams are the case's, uncaught exceptions print their traceback and exit 1,
+  ``SystemExit`` exits as the interpreter does, and non-daemon threads, ``atexit``
+  functions and the flush of the streams happen at the end. The program was compiled
+  once, here, before the first fork (about 1 ms a case instead of an interpreter's start).
+* ``"mode": "exec"``: the fork executes ``argv`` (a compiled program, an interpreter).
+
+**A case ends when its main process ends.** Before anything of the program runs, the
+fork installs the exit barrier (:mod:`asyncsandbox._barrier`) and hands its listener
+here: the program's main process is held at its exit system call until every other
+process of the case is dead (its descendants, and the orphans it made: this process is
+their subreaper, and the exits of the case's processes tell which orphans are the
+case's), so nothing the program left behind can write after it ended, whatever it
+waits for (its parent to change, a parent-death signal). The case's time limit counts
+from the program's own start (the barrier's arrival), and its output is what is in its
+pipes once it ended: the pipes are at their end then, since nothing else holds them.
+Where the kernel offers no barrier, the rest of the case is killed as soon as its main
+process is reaped, and the answers say so (``"barrier": false``).
+
+Request, on stdin (read whole, with ``os.read``; ``sys.stdin`` is left to the cases): one
+JSON line ``{"mode", "program" (fork) or "argv" (exec), "parallel", "output_limit",
+"cases": [{"time_limit", "memory_kb", "stdin": length}]}`` followed by the cases' stdin
+bytes, concatenated.
+
+Answers, on stdout (written with ``os.write``), one per case as it ends, in the order
+they end: a JSON line ``{"case", "status", "signal", "timed_out", "seconds", "cpu_seconds",
+"barrier",
+"stdout": length, "stderr": length, "stdout_truncated", "stderr_truncated"}`` followed by
+that many bytes of output; then ``{"end": true}``. The program's output is only ever
+payload: it cannot end or forge an answer.
+
+What a case cannot do: write to this process's stdout (its descriptors other than its own
+three are closed before the program runs, and this process is not dumpable, so
+``/proc/PPID/fd`` is closed to it), read the expected outputs (they never enter the
+sandbox), see its result altered (status from ``waitpid``, output from its own pipes),
+or escape the barrier (the kernel lets a filter chain hold one listener only: the case's
+processes cannot make one of their own). It can kill this process (same user): the
+answers then stop short of ``end``, and the host runs the cases without an answer again.
+"""
+
+from __future__ import annotations
+
+import _socket
+import json
+import os
+import resource
+import select
+import signal
+import struct
+import sys
+import time
+import types
+
+TYPE_CHECKING = False  # not typing's: nothing is imported that the runner does not use
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+    from asyncsandbox import _barrier as barrier  # sent beside this file (see BOOT)
+
+BOOT = """import sys, types
+barrier = types.ModuleType("barrier")
+exec(compile(sys.argv[1], "asyncsandbox/_barrier.py", "exec"), barrier.__dict__)
+runner = {"__name__": "asyncsandbox_judge_runner", "barrier": barrier}
+source = sys.argv[2]
+del sys.argv[1:3]
+exec(compile(source, "asyncsandbox/_judge/_runner.py", "exec"), runner)
+runner["main"]()
+"""
+"""``python3 -c BOOT BARRIER_SOURCE RUNNER_SOURCE``: load both, run :func:`main`."""
+
+MAX_FD = 1 << 16
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+GRACE = 1.0
+"""Seconds a case's pipes may stay open after it ended (a process the kernel held in an
+uninterruptible wait, past the barrier's kill): its output is then what it wrote by then."""
+
+
+def prctl(option: int, value: int) -> None:
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(%d)" % option)
+
+
+def read_request() -> tuple[dict[str, Any], int]:
+    """The request, and a memory file holding every case's stdin: kept out of this
+    process's memory, which each fork inherits (and a memory limit counts)."""
+    head = b""
+    while b"\n" not in head:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            raise SystemExit("the request ended early")
+        head += chunk
+    header, _, rest = head.partition(b"\n")
+    request: dict[str, Any] = json.loads(header)
+    inputs = os.memfd_create("inputs")
+    while rest:
+        write_all(inputs, rest)
+        rest = os.read(0, 1 << 20)
+    offset = 0
+    for case in request["cases"]:
+        case["stdin"], offset = (offset, case["stdin"]), offset + case["stdin"]
+    return request, inputs
+
+
+def case_stdin(inputs: int, offset: int, size: int) -> int:
+    stdin = os.memfd_create("stdin")
+    while size:
+        chunk = os.pread(inputs, min(size, 1 << 20), offset)
+        write_all(stdin, chunk)
+        offset, size = offset + len(chunk), size - len(chunk)
+    os.lseek(stdin, 0, os.SEEK_SET)
+    return stdin
+
+
+def write_all(fd: int, data: bytes | bytearray) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+# -- a case, in its fork ----------------------------------------------------------------
+
+
+class Program:
+    """What each case runs: a compiled Python program (fork mode) or an argv (exec)."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        self.argv: list[str] | None = request.get("argv")
+        self.path: str = request.get("program") or ""
+        self.code: types.CodeType | None = None
+        self.error: BaseException | None = None
+        if self.argv is None:
+            with open(self.path, "rb") as file:
+                source = file.read()
+            try:
+                self.code = compile(source, os.path.abspath(self.path), "exec", dont_inherit=True)
+            except (SyntaxError, ValueError) as exc:
+                self.error = exc.with_traceback(None)  # raised in each case, as python3 would
+
+    def become(self, memory_kb: int | None) -> NoReturn:
+        """Become the program, in the case's fork (never returns)."""
+        if memory_kb is not None:
+            try:
+                limit = memory_kb * 1024
+                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            except (OSError, ValueError) as exc:
+                os.write(2, ("cannot limit memory: %s\n" % exc).encode())
+                os._exit(125)
+        if self.argv is not None:
+            execute(self.argv)
+        run_python(self.path, self.code, self.error)
+
+
+def execute(argv: list[str]) -> NoReturn:
+    """``execvp``, with the exit statuses of a shell for a program that cannot run."""
+    try:
+        os.execvp(argv[0], argv)
+    except FileNotFoundError:
+        os.write(2, ("%s: not found\n" % argv[0]).encode(errors="replace"))
+        os._exit(127)
+    except OSError as exc:
+        os.write(2, ("%s: %s\n" % (argv[0], exc.strerror)).encode(errors="replace"))
+        os._exit(126)
+
+
+def run_python(path: str, code: types.CodeType | None, error: BaseException | None) -> NoReturn:
+    """Become ``python3 PATH`` for one case."""
+    status = 1
+    try:
+        main = types.ModuleType("__main__")
+        main.__file__ = os.path.abspath(path)
+        sys.modules["__main__"] = main
+        sys.argv = [path]
+        sys.path[0] = os.path.dirname(os.path.abspath(path))
+        try:
+            if error is not None:
+                raise error
+            exec(code, main.__dict__)  # type: ignore[arg-type] # code is None only with error
+            status = 0
+        except SystemExit as exc:
+            status = exit_status(exc.code)
+        except KeyboardInterrupt as exc:
+            report_uncaught(exc)
+            status = 128 + signal.SIGINT
+        except BaseException as exc:  # noqa: BLE001 - what the interpreter does with it
+            report_uncaught(exc)
+            status = 1
+        threading = sys.modules.get("threading")
+        if threading is not None:
+            threading._shutdown()  # as the interpreter does
+        import atexit
+
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001 - as the interpreter: status 120
+                status = 120
+    finally:
+        os._exit(status)
+
+
+def report_uncaught(exc: BaseException) -> None:
+    if exc.__traceback__ is not None:  # from the program's frame on, not ours
+        exc.__traceback__ = exc.__traceback__.tb_next
+    sys.excepthook(type(exc), exc, exc.__traceback__)
+
+
+def exit_status(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write("%s\n" % (code,))
+    except BaseException:  # noqa: BLE001, S110 - as the interpreter: the status is 1 anyway
+        pass
+    return 1
+
+
+# -- the runner --------------------------------------------------------------------------
+
+
+class Output:
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.truncated = False
+
+
+class Case:
+    def __init__(self, index: int, spec: dict[str, Any]) -> None:
+        self.index = index
+        self.spec = spec
+        self.pid = 0
+        self.started = self.deadline = self.ended = 0.0
+        self.listener: Any = None  # barrier.Listener, while the case runs
+        self.held = False  # its main process was held at its exit
+        self.orphans: set[int] = set()  # processes it left that are now ours to reap
+        self.open: dict[int, Output] = {}  # its pipes not at their end yet
+        self.outputs = {"stdout": Output(), "stderr": Output()}
+        self.status: int | None = None
+        self.cpu = 0.0  # CPU seconds of its main process and the children it waited for
+        self.timed_out = False
+
+    def done(self) -> bool:
+        return self.status is not None and not self.open
+
+
+class Runner:
+    """Runs the cases, ``parallel`` at a time, and answers for each as it ends."""
+
+    def __init__(self, request: dict[str, Any], inputs: int, program: Program) -> None:
+        self.request = request
+        self.inputs = inputs
+        self.program = program
+        self.me = os.getpid()
+        self.running: dict[int, Case] = {}  # by the pid of its main process
+        self.readers: dict[int, Case] = {}  # by the fd of one of its pipes
+        self.listeners: dict[int, Case] = {}  # by the fd of its barrier's listener
+        self.outbox = bytearray()  # answers that stdout has not taken yet
+        self.barrier = True  # every case so far had one
+
+    # -- starting a case --
+
+    def start(self, case: Case) -> None:
+        stdin = case_stdin(self.inputs, *case.spec["stdin"])
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.setsid()
+                os.dup2(stdin, 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                ours.close()
+                hand_over_barrier(theirs)
+                os.closerange(3, MAX_FD)  # ours: the request, the other cases' pipes
+            except BaseException:  # noqa: BLE001
+                os._exit(125)
+            self.program.become(case.spec["memory_kb"])
+        theirs.close()
+        for fd in (stdin, out_w, err_w):
+            os.close(fd)
+        for fd in (out_r, err_r):
+            os.set_blocking(fd, False)
+        case.pid = pid
+        case.open = {out_r: case.outputs["stdout"], err_r: case.outputs["stderr"]}
+        self.readers.update((fd, case) for fd in case.open)
+        listener, said = receive_barrier(ours)
+        ours.close()
+        # The program starts now: its time counts from here, not from the fork.
+        case.started = time.monotonic()
+        case.deadline = case.started + case.spec["time_limit"]
+        if listener is not None:
+            case.listener = barrier.Listener(listener)
+            self.listeners[listener] = case
+        elif said:  # the kernel has none (else the fork died before it could say)
+            self.barrier = False
+        self.running[pid] = case
+
+    # -- ending a case --
+
+    def rest_of(self, case: Case, table: dict[int, int]) -> set[int]:
+        """Every live process of ``case`` but its main one: its descendants, the orphans
+        it made (and theirs), and any orphan nobody can tell the case of (one whose parent
+        was killed by a signal: it goes with the first case that ends)."""
+        known = set(self.running)
+        for other in self.running.values():
+            known |= other.orphans
+        unknown = {pid for pid, ppid in table.items() if ppid == self.me and pid not in known}
+        roots = {case.pid} | case.orphans | unknown
+        found = barrier.descendants(roots, table) | (roots & set(table))
+        found.discard(case.pid)
+        return found
+
+    def kill_rest(self, case: Case) -> None:
+        barrier.kill(lambda table: self.rest_of(case, table))
+
+    def kill(self, case: Case) -> None:
+        """Kill the whole case (its time or output limit is reached)."""
+        try:
+            os.kill(case.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.kill_rest(case)
+
+    def on_exit(self, case: Case) -> None:
+        """A process of ``case`` is held at its exit: end the case if it is the main one."""
+        notice = case.listener.receive()
+        if notice is None:
+            return
+        if notice.pid != case.pid:
+            # Another process of the case is ending: what it leaves is the case's.
+            if notice.pid:
+                case.orphans.update(
+                    pid for pid, ppid in barrier.processes().items() if ppid == notice.pid
+                )
+            case.listener.release(notice)
+            return
+        if notice.group or barrier.threads(case.pid) <= 1:
+            case.held = True
+            case.ended = time.monotonic()
+            self.kill_rest(case)  # the program has not ended yet: nothing of it writes after
+            case.listener.release(notice)
+            return
+        # One thread of several: the program goes on. Wait until the thread is gone, so
+        # that the next thread's exit sees the true number of threads left.
+        case.listener.release(notice)
+        deadline = time.monotonic() + GRACE
+        while barrier.thread_alive(case.pid, notice.tid) and time.monotonic() < deadline:
+            time.sleep(0.0001)
+
+    def reaped(self, pid: int, status: int, usage: Any) -> None:
+        case = self.running.get(pid)
+        if case is None:  # an orphan of a case
+            for other in self.running.values():
+                other.orphans.discard(pid)
+            return
+        if not case.ended:
+            case.ended = time.monotonic()
+        if case.listener is not None:
+            if not case.held and os.WIFEXITED(status):
+                # It ended with a status of its own without passing the barrier: hidden
+                # from it, it is reported killed as seccomp would have killed it.
+                status = barrier.HIDDEN_EXIT
+            del self.listeners[case.listener.fileno()]
+            case.listener.close()
+            case.listener = None
+        case.status = status
+        case.cpu = usage.ru_utime + usage.ru_stime
+        self.kill_rest(case)  # with the barrier, there is nothing left: without, now
+
+    # -- the loop --
+
+    def run(self) -> None:
+        request = self.request
+        limit = request["output_limit"]
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        signal.set_wakeup_fd(wake_w)
+        pending = [Case(i, spec) for i, spec in enumerate(request["cases"])]
+        pending.reverse()
+        os.set_blocking(1, False)
+        while pending or self.running:
+            while pending and len(self.running) < request["parallel"]:
+                self.start(pending.pop())
+            now = time.monotonic()
+            wake = min(
+                c.deadline if c.status is None else c.ended + GRACE for c in self.running.values()
+            )
+            poller = select.poll()
+            poller.register(wake_r, select.POLLIN)
+            if self.outbox:
+                poller.register(1, select.POLLOUT)
+            for fd in (*self.readers, *self.listeners):
+                poller.register(fd, select.POLLIN)
+            try:
+                ready = poller.poll(max(0.0, wake - now) * 1000)
+            except InterruptedError:
+                ready = []
+            for fd, _ in ready:
+                if fd == 1:
+                    try:
+                        del self.outbox[: os.write(1, self.outbox)]
+                    except BlockingIOError:
+                        pass
+                elif fd == wake_r:
+                    drain(wake_r)
+                elif fd in self.listeners:
+                    self.on_exit(self.listeners[fd])
+                elif fd in self.readers:
+                    self.read(fd, limit)
+            while True:
+                try:
+                    pid, status, usage = os.wait4(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                self.reaped(pid, status, usage)
+            now = time.monotonic()
+            for case in list(self.running.values()):
+                if case.status is None and now >= case.deadline:
+                    case.timed_out = True
+                    self.kill(case)
+                elif case.status is not None and case.open and now >= case.ended + GRACE:
+                    for fd in list(case.open):
+                        self.close(case, fd)
+                if case.done():
+                    del self.running[case.pid]
+                    self.outbox += self.answer(case)
+        os.set_blocking(1, True)
+        end = {"end": True, "barrier": self.barrier}
+        write_all(1, self.outbox + json.dumps(end).encode() + b"\n")
+
+    def read(self, fd: int, limit: int) -> None:
+        case = self.readers[fd]
+        output = case.open[fd]
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self.close(case, fd)
+            return
+        room = limit - len(output.data)
+        output.data += chunk[: max(room, 0)]
+        if len(chunk) > room and not output.truncated:
+            output.truncated = True
+            self.kill(case)  # its verdict is settled: output limit
+
+    def close(self, case: Case, fd: int) -> None:
+        os.close(fd)
+        del self.readers[fd], case.open[fd]
+
+    def answer(self, case: Case) -> bytes:
+        status, out, err = case.status, case.outputs["stdout"], case.outputs["stderr"]
+        assert status is not None
+        meta = {
+            "case": case.index,
+            "status": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            "timed_out": case.timed_out,
+            "seconds": case.ended - case.started,
+            "cpu_seconds": case.cpu,
+            "barrier": case.held or not os.WIFEXITED(status),
+            "stdout": len(out.data),
+            "stderr": len(err.data),
+            "stdout_truncated": out.truncated,
+            "stderr_truncated": err.truncated,
+        }
+        return json.dumps(meta).encode() + b"\n" + out.data + err.data
+
+
+def hand_over_barrier(sock: Any) -> None:
+    """In a case's fork: install the exit barrier, and send its listener to the runner
+    (or, where the kernel has none, why not)."""
+    try:
+        fd = barrier.install()
+    except OSError as exc:
+        sock.sendall(("!%s" % exc).encode(errors="replace")[:500])
+        return
+    sock.sendmsg([b"L"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack("i", fd))])
+    os.close(fd)
+
+
+def receive_barrier(sock: Any) -> tuple[int | None, bytes]:
+    """The listener a case's fork sent, or None and why not (empty: the fork died)."""
+    said, ancillary, _, _ = sock.recvmsg(512, _socket.CMSG_SPACE(4))
+    for level, kind, payload in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS and len(payload) >= 4:
+            fd: int = struct.unpack("i", payload[:4])[0]
+            return fd, said
+    return None, said
+
+
+def drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def main() -> None:
+    prctl(PR_SET_DUMPABLE, 0)  # first: before anything of ours can be read through /proc
+    prctl(PR_SET_CHILD_SUBREAPER, 1)  # what a case orphans comes to us, to be killed
+    request, inputs = read_request()
+    Runner(request, inputs, Program(request)).run()

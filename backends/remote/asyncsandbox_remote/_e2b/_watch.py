@@ -1,0 +1,128 @@
+"""Directory watchers (envd's ``WatchDir`` stream, and ``CreateWatcher`` /
+``GetWatcherEvents`` / ``RemoveWatcher`` for clients that poll), by polling: the
+watcher lists the directory (one ``find`` in the sandbox) every :data:`INTERVAL`
+seconds, and once more when a polling client asks for its events, and reports what changed as inotify would: a new file is ``CREATE`` then
+``WRITE``, a new directory ``CREATE``, a file whose size or time changed ``WRITE``, a
+vanished entry ``REMOVE``. Changes that cancel out within one interval are not seen, and
+a rename is a ``REMOVE`` and a ``CREATE``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import secrets
+from collections.abc import Callable
+
+import anyio
+from anyio.abc import TaskGroup
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from e2b.envd.filesystem import filesystem_pb
+
+from ._fs import Entry, Filesystem
+
+__all__ = ("INTERVAL", "Watcher", "Watchers")
+
+INTERVAL = 0.25
+MAX_WATCHERS = 32
+MAX_PENDING = 10_000
+RECURSIVE_DEPTH = 64
+EventType = filesystem_pb.EventType
+
+
+class Watcher:
+    """One watched directory; its events go to :attr:`events` (bounded)."""
+
+    def __init__(self, fs: Filesystem, path: str, *, recursive: bool) -> None:
+        self.id = secrets.token_hex(8)
+        self.path = path
+        self._fs = fs
+        self._depth = RECURSIVE_DEPTH if recursive else 1
+        self._seen: dict[str, Entry] = {}
+        self.events: list[filesystem_pb.FilesystemEvent] = []
+        self.changed = anyio.Event()
+        self.scope = anyio.CancelScope()
+        self.failed: ConnectError | None = None
+        self._lock = anyio.Lock()
+
+    async def prime(self) -> None:
+        """Take the first listing (raises NOT_FOUND, or INVALID_ARGUMENT for a file)."""
+        self._seen = {e.path: e for e in await self._fs.entries(self.path, self._depth)}
+
+    def _emit(self, kind: int, path: str) -> None:
+        if len(self.events) >= MAX_PENDING:
+            del self.events[: MAX_PENDING // 2]  # a client that never reads loses the oldest
+        name = posixpath.relpath(path, self.path)
+        self.events.append(filesystem_pb.FilesystemEvent(name=name, type=kind))  # type: ignore[arg-type]
+        self.changed.set()
+
+    async def run(self) -> None:
+        with self.scope:
+            while self.failed is None:
+                await anyio.sleep(INTERVAL)
+                await self.scan()
+
+    async def scan(self) -> None:
+        """List the directory now and report what changed since the last listing."""
+        async with self._lock:
+            if self.failed is not None:
+                return
+            try:
+                now = {e.path: e for e in await self._fs.entries(self.path, self._depth)}
+            except ConnectError as exc:
+                self.failed = exc  # the directory is gone (or the sandbox)
+                self.changed.set()
+                return
+            for path, entry in now.items():
+                before = self._seen.get(path)
+                if before is None:
+                    self._emit(EventType.CREATE, path)
+                    if entry.kind == "f" and entry.size > 0:
+                        self._emit(EventType.WRITE, path)
+                elif before.key != entry.key and entry.kind != "d":
+                    self._emit(EventType.WRITE, path)
+            for path in self._seen.keys() - now.keys():
+                self._emit(EventType.REMOVE, path)
+            self._seen = now
+
+    def take(self) -> list[filesystem_pb.FilesystemEvent]:
+        events, self.events = self.events, []
+        self.changed = anyio.Event()
+        if not events and self.failed is not None:
+            raise self.failed
+        return events
+
+
+class Watchers:
+    """The watchers of one sandbox."""
+
+    def __init__(self, fs: Filesystem, task_group: Callable[[], TaskGroup]) -> None:
+        self._fs = fs
+        self._task_group = task_group
+        self._watchers: dict[str, Watcher] = {}
+
+    async def create(self, path: str, *, recursive: bool) -> Watcher:
+        if len(self._watchers) >= MAX_WATCHERS:
+            raise ConnectError(
+                Code.RESOURCE_EXHAUSTED, f"the sandbox has {MAX_WATCHERS} watchers already"
+            )
+        watcher = Watcher(self._fs, path, recursive=recursive)
+        await watcher.prime()
+        self._watchers[watcher.id] = watcher
+        self._task_group().start_soon(watcher.run)
+        return watcher
+
+    def get(self, watcher_id: str) -> Watcher:
+        watcher = self._watchers.get(watcher_id)
+        if watcher is None:
+            raise ConnectError(Code.NOT_FOUND, f"watcher {watcher_id[:64]!r} not found")
+        return watcher
+
+    def remove(self, watcher_id: str) -> None:
+        watcher = self._watchers.pop(watcher_id, None)
+        if watcher is not None:
+            watcher.scope.cancel()
+
+    def close(self) -> None:
+        for watcher_id in list(self._watchers):
+            self.remove(watcher_id)

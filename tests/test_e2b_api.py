@@ -1,0 +1,279 @@
+"""E2B's API on a REAL ``asyncsandbox serve`` (process backend, on loopback), driven by the
+real ``e2b`` SDK (sync, and async on asyncio: the SDK's async client is asyncio-only),
+pointed at the server as a user points it: ``E2B_API_URL``, ``E2B_SANDBOX_URL`` and
+``E2B_API_KEY``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from e2b import (
+    AsyncSandbox,
+    AuthenticationException,
+    CommandExitException,
+    FileNotFoundException,
+    Sandbox,
+    SandboxException,
+    TimeoutException,
+)
+
+from .test_remote import ALICE, BOB, Server, _new_root
+
+
+def eventually(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Poll ``predicate`` until it holds (an AssertionError past ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not true after {timeout} s")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = _new_root()
+    started = Server(tmp_path_factory.mktemp("e2b") / "main", root=root)
+    try:
+        yield started
+    finally:
+        started.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def e2b_env(server: Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("E2B_API_URL", server.url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
+    monkeypatch.setenv("E2B_API_KEY", ALICE)
+    monkeypatch.delenv("E2B_DEBUG", raising=False)
+    return server.url
+
+
+@pytest.fixture
+def sandbox(e2b_env: str) -> Iterator[Sandbox]:
+    made = Sandbox.create("base", timeout=120)
+    try:
+        yield made
+    finally:
+        made.kill()
+
+
+def test_commands_output_exit_codes_and_bytes(sandbox: Sandbox) -> None:
+    result = sandbox.commands.run("echo out; echo err >&2; pwd")
+    assert result.exit_code == 0
+    assert result.stdout == "out\n/home/user\n"
+    assert result.stderr == "err\n"
+    with pytest.raises(CommandExitException) as failed:
+        sandbox.commands.run("exit 7")
+    assert failed.value.exit_code == 7
+    # Non-UTF-8 output comes through (the SDK decodes it with replacement characters).
+    assert sandbox.commands.run(r"printf 'a\xff'").stdout == "a\ufffd"
+
+
+def test_cwd_envs_and_sandbox_env(e2b_env: str) -> None:
+    made = Sandbox.create("base", envs={"FROM_SANDBOX": "s"})
+    try:
+        made.files.make_dir("sub")
+        result = made.commands.run("pwd; echo $FROM_SANDBOX $X", cwd="sub", envs={"X": "x"})
+        assert result.stdout == "/home/user/sub\ns x\n"
+    finally:
+        made.kill()
+
+
+def test_a_timeout_kills_the_process_tree(sandbox: Sandbox) -> None:
+    with pytest.raises(TimeoutException):
+        sandbox.commands.run("(sleep 300 &) ; echo started > /tmp/m; sleep 300", timeout=2)
+    eventually(lambda: sandbox.commands.list() == [])
+    survivors = sandbox.commands.run("ps -e -o comm= | grep -c '^sleep$' || true")
+    assert survivors.stdout.strip() == "0"
+
+
+def test_background_stdin_kill_and_list(sandbox: Sandbox) -> None:
+    cat = sandbox.commands.run("cat", background=True, stdin=True)
+    sandbox.commands.send_stdin(cat.pid, "one\n")
+    sandbox.commands.send_stdin(cat.pid, b"two\n")
+    sandbox.commands.close_stdin(cat.pid)
+    assert cat.wait().stdout == "one\ntwo\n"
+    sleeper = sandbox.commands.run("sleep 300", background=True)
+    assert [p.pid for p in sandbox.commands.list()] == [sleeper.pid]
+    assert sandbox.commands.kill(sleeper.pid) is True
+    with pytest.raises(CommandExitException):
+        sleeper.wait()
+    assert sandbox.commands.list() == []
+    assert sandbox.commands.kill(sleeper.pid) is False
+
+
+def test_reconnect_to_a_background_command(sandbox: Sandbox) -> None:
+    sandbox.commands.run("mkfifo /tmp/go")  # the command waits on it: no race
+    started = sandbox.commands.run("read x < /tmp/go; echo got $x", background=True)
+    again = sandbox.commands.connect(started.pid)
+    sandbox.commands.run("echo hello > /tmp/go")
+    assert again.wait().stdout.endswith("got hello\n")
+
+
+def test_files(sandbox: Sandbox) -> None:
+    sandbox.files.write("dir/a.txt", "alpha")
+    sandbox.files.write("/home/user/dir/b.bin", b"\x00\xff")
+    assert sandbox.files.read("dir/a.txt") == "alpha"
+    assert bytes(sandbox.files.read("dir/b.bin", format="bytes")) == b"\x00\xff"
+    assert [e.name for e in sandbox.files.list("dir")] == ["a.txt", "b.bin"]
+    info = sandbox.files.get_info("dir/a.txt")
+    assert (info.path, info.size, info.permissions) == ("/home/user/dir/a.txt", 5, "-rw-r--r--")
+    sandbox.files.rename("dir/a.txt", "dir/c.txt")
+    assert sandbox.files.exists("dir/c.txt")
+    assert not sandbox.files.exists("dir/a.txt")
+    sandbox.files.remove("dir")
+    assert not sandbox.files.exists("dir")
+    with pytest.raises(FileNotFoundException):
+        sandbox.files.read("dir/c.txt")
+
+
+def test_paths_cannot_leave_the_sandbox(sandbox: Sandbox) -> None:
+    sandbox.files.write("../../tmp/inside.txt", "x")  # normalised to /tmp, in the sandbox
+    assert sandbox.commands.run("cat /tmp/inside.txt").stdout == "x"
+    assert not Path("/tmp/inside.txt").exists() or Path("/tmp/inside.txt").read_text() != "x"
+
+
+def test_lifecycle_timeout_and_kill(e2b_env: str) -> None:
+    made = Sandbox.create("base", timeout=60, metadata={"k": "v"})
+    info = made.get_info()
+    assert info.metadata == {"k": "v"}
+    assert (info.end_at - info.started_at).total_seconds() == pytest.approx(60, abs=2)
+    made.set_timeout(600)
+    assert (made.get_info().end_at - info.started_at).total_seconds() == pytest.approx(600, abs=5)
+    listed = Sandbox.list().next_items()
+    assert made.sandbox_id in [s.sandbox_id for s in listed]
+    assert made.kill() is True
+    assert made.is_running() is False
+    assert Sandbox.kill(made.sandbox_id) is False
+
+
+def test_isolation_between_sandboxes_and_tenants(e2b_env: str, server: Server) -> None:
+    one = Sandbox.create("base")
+    two = Sandbox.create("base")
+    try:
+        one.files.write("secret.txt", "one's")
+        assert not two.files.exists("secret.txt")
+        # Another tenant neither sees nor reaches alice's sandbox.
+        listed = Sandbox.list(api_key=BOB).next_items()
+        assert one.sandbox_id not in [s.sandbox_id for s in listed]
+        with pytest.raises(SandboxException):
+            Sandbox.connect(one.sandbox_id, api_key=BOB)
+        assert Sandbox.kill(one.sandbox_id, api_key=BOB) is False
+        assert one.is_running()
+    finally:
+        one.kill()
+        two.kill()
+
+
+def test_auth_is_refused_without_key_or_token(sandbox: Sandbox, server: Server) -> None:
+    with pytest.raises(AuthenticationException):
+        Sandbox.create("base", api_key="e2b_" + "0" * 40)
+    envd = {
+        "E2b-Sandbox-Id": sandbox.sandbox_id,
+        "E2b-Sandbox-Port": "49983",
+    }
+    bare = httpx.get(f"{server.url}/files", params={"path": "/etc/hostname"}, headers=envd)
+    assert bare.status_code == 401
+    wrong = httpx.get(
+        f"{server.url}/files",
+        params={"path": "/etc/hostname"},
+        headers={**envd, "X-Access-Token": "not-the-token"},
+    )
+    assert wrong.status_code == 401
+
+
+def test_unknown_sandbox_answers_502_was_not_found(server: Server) -> None:
+    answer = httpx.post(
+        f"{server.url}/process.Process/List",
+        json={},
+        headers={"E2b-Sandbox-Id": "nosuchsandbox", "E2b-Sandbox-Port": "49983"},
+    )
+    assert answer.status_code == 502
+    assert "was not found" in answer.json()["message"]
+
+
+def test_hostile_connect_envelopes_are_refused(sandbox: Sandbox, server: Server) -> None:
+    headers = {
+        "E2b-Sandbox-Id": sandbox.sandbox_id,
+        "E2b-Sandbox-Port": "49983",
+        "X-Access-Token": sandbox._envd_access_token or "",
+        "Content-Type": "application/connect+json",
+    }
+    url = f"{server.url}/process.Process/Start"
+    # A frame announcing 2 GiB, a truncated frame, and garbage JSON in a whole frame.
+    for body in (b"\x00\x7f\xff\xff\xff{}", b"\x00\x00\x00\x00\x10{", b"\x00\x00\x00\x00\x02}{"):
+        answer = httpx.post(url, content=body, headers=headers, timeout=30)
+        assert answer.status_code in (200, 400, 413)
+        assert b'"error"' in answer.content or answer.status_code != 200
+    assert sandbox.commands.run("echo still fine").stdout == "still fine\n"
+
+
+def test_unsupported_features_are_clear_errors(sandbox: Sandbox, server: Server) -> None:
+    with pytest.raises(SandboxException, match="memory-preserving pause"):
+        sandbox.pause()
+    for field, value in (
+        ("allowInternetAccess", True),
+        ("autoPause", True),
+        ("volumeMounts", [{"name": "v", "path": "/v"}]),
+    ):
+        answer = httpx.post(
+            f"{server.url}/v2/sandboxes",
+            json={"templateID": "base", field: value},
+            headers={"X-API-KEY": ALICE},
+        )
+        assert answer.status_code == 400
+        assert "not supported by asyncsandbox serve" in answer.json()["message"]
+
+
+def test_filesystem_only_pause_keeps_id_token_and_files(e2b_env: str) -> None:
+    made = Sandbox.create("base")
+    try:
+        made.files.write("kept.txt", "kept")
+        token = made._envd_access_token
+        made.pause(keep_memory=False)
+        assert made.get_info().state.value == "paused"
+        resumed = Sandbox.connect(made.sandbox_id)
+        assert resumed.sandbox_id == made.sandbox_id
+        assert resumed._envd_access_token == token
+        assert resumed.files.read("kept.txt") == "kept"
+    finally:
+        Sandbox.kill(made.sandbox_id)
+
+
+def test_fork(sandbox: Sandbox) -> None:
+    sandbox.files.write("state.txt", "before")
+    (child,) = sandbox.fork()
+    assert isinstance(child, Sandbox)
+    try:
+        assert child.sandbox_id != sandbox.sandbox_id
+        assert child.files.read("state.txt") == "before"
+        child.files.write("state.txt", "child")
+        assert sandbox.files.read("state.txt") == "before"
+    finally:
+        child.kill()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the SDK's async client: asyncio
+async def test_sixteen_async_sandboxes_at_once(e2b_env: str) -> None:
+    import anyio
+
+    async def one(i: int) -> None:
+        made = await AsyncSandbox.create("base")
+        try:
+            result = await made.commands.run(f"echo {i}")
+            assert result.stdout == f"{i}\n"
+            await made.files.write("n.txt", str(i))
+            assert await made.files.read("n.txt") == str(i)
+        finally:
+            await made.kill()
+
+    async with anyio.create_task_group() as tg:
+        for i in range(16):
+            tg.start_soon(one, i)

@@ -1,0 +1,225 @@
+"""Reward hacks against the judge: a verdict comes from the program's own answer only.
+
+Each program here does not answer itself: its main process exits at once, without
+output, and leaves something behind that prints the right answer afterwards (the
+answer is computed from the case's input before the main process exits). Whatever it
+leaves is killed when the main process ends, and nothing written after that counts, so
+no case may be accepted. Several of them race the main process's exit on a second CPU
+(they wait for the parent to change, for a parent-death signal): killing what is left
+*after* the exit loses that race about half the time, so each judgement has many cases,
+and one accepted case fails the test.
+"""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from asyncsandbox import Session
+from asyncsandbox.judge import JudgeResult, Language, Program, TestCase, Verdict
+
+from .conftest import docker_test_image
+
+CASES = [TestCase(stdin=f"{n} {n + 1}\n", expected=f"{2 * n + 1}\n") for n in range(16)]
+# The same programs, one command per case (the path of languages without a fork runner).
+PYTHON_COMMAND = Language(name="python-command", source="main.py", run=("python3", "{source}"))
+
+# Each program reads its input, then `leave(answer)` arranges for the answer to be written
+# after the main process exited.
+PRELUDE = textwrap.dedent("""\
+    import ctypes, os, signal, sys, threading, time
+    a, b = map(int, sys.stdin.read().split())
+    answer = b"%d\\n" % (a + b)
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def until_orphaned():
+        while os.getppid() == parent:
+            pass
+
+    def on_parent_death():
+        got = []
+        signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
+        libc.prctl(1, signal.SIGUSR1)  # PR_SET_PDEATHSIG
+        return got
+""")
+
+LEAVE = {
+    # A daemon in a session of its own, answering half a second later.
+    "setsid": """
+        if os.fork() == 0:
+            os.setsid()
+            time.sleep(0.5)
+            os.write(1, answer)
+            os._exit(0)
+    """,
+    # A double-forked daemon (its parent gone at once, it is nobody's child).
+    "double_fork": """
+        if os.fork() == 0:
+            if os.fork() == 0:
+                os.setsid()
+                time.sleep(0.3)
+                os.write(1, answer)
+            os._exit(0)
+        os.wait()
+    """,
+    # A child that answers the moment its parent is gone.
+    "orphaned": """
+        if os.fork() == 0:
+            until_orphaned()
+            os.write(1, answer)
+            os._exit(0)
+    """,
+    # A child that answers on its parent-death signal.
+    "parent_death_signal": """
+        ready_r, ready_w = os.pipe()
+        if os.fork() == 0:
+            got = on_parent_death()
+            os.write(ready_w, b"x")
+            while not got:
+                signal.pause()
+            os.write(1, answer)
+            os._exit(0)
+        os.read(ready_r, 1)
+    """,
+    # The same, forked by a thread of the main process.
+    "thread_parent_death_signal": """
+        ready_r, ready_w = os.pipe()
+        def fork_from_a_thread():
+            if os.fork() == 0:
+                got = on_parent_death()
+                os.write(ready_w, b"x")
+                while not got:
+                    signal.pause()
+                os.write(1, answer)
+                os._exit(0)
+            time.sleep(60)
+        threading.Thread(target=fork_from_a_thread, daemon=True).start()
+        os.read(ready_r, 1)
+    """,
+    # The main process ends with the raw exit system call (no C library, no Python).
+    "raw_exit": """
+        if os.fork() == 0:
+            until_orphaned()
+            os.write(1, answer)
+            os._exit(0)
+        libc.syscall({"x86_64": 60, "aarch64": 93, "riscv64": 93}[os.uname().machine], 0)
+    """,
+}
+
+
+def program(leave: str) -> str:
+    return PRELUDE + textwrap.dedent(LEAVE[leave]) + "os._exit(0)\n"
+
+
+@pytest.fixture
+async def session(process_root: Path) -> AsyncIterator[Session]:
+    async with Session(
+        "process", backend_options={"root": process_root}, sweep=False, report_to=[]
+    ) as s:
+        yield s
+
+
+def assert_none_accepted(result: JudgeResult) -> None:
+    accepted = [case.index for case in result.cases if case.verdict == Verdict.ACCEPTED]
+    assert not accepted, f"cases {accepted} accepted with an answer printed after the exit"
+    assert result.verdict == Verdict.WRONG_ANSWER, result
+
+
+@pytest.mark.parametrize("leave", sorted(LEAVE))
+@pytest.mark.parametrize("language", ["python", "python-command"])
+async def test_no_answer_after_the_main_process_ended(
+    session: Session, leave: str, language: str
+) -> None:
+    lang = "python" if language == "python" else PYTHON_COMMAND
+    result = await session.judge(
+        Program(source=program(leave), language=lang), CASES, time_limit=20, parallel=4
+    )
+    assert_none_accepted(result)
+
+
+C_ORPHANED = textwrap.dedent("""\
+    #include <stdio.h>
+    #include <unistd.h>
+    int main(void) {
+        long a, b;
+        if (scanf("%ld %ld", &a, &b) != 2) return 1;
+        pid_t parent = getpid();
+        if (fork() == 0) {
+            while (getppid() == parent) {}
+            printf("%ld\\n", a + b);
+            return 0;
+        }
+        return 0;
+    }
+""")
+
+
+async def test_a_compiled_program_cannot_answer_after_it_ended(session: Session) -> None:
+    if shutil.which("gcc") is None:
+        pytest.skip("no C compiler on this machine")
+    result = await session.judge(Program(source=C_ORPHANED, language="c"), CASES, parallel=4)
+    assert result.compile is not None
+    assert result.compile.returncode == 0, result.compile
+    assert_none_accepted(result)
+
+
+async def test_a_program_that_kills_the_runner_gains_nothing(session: Session) -> None:
+    # Each case kills its parent (the runner, whoever that is), then leaves an answer
+    # behind: killing the runner must not open a way around it.
+    source = (
+        PRELUDE
+        + textwrap.dedent("""\
+        try:
+            os.kill(os.getppid(), signal.SIGKILL)
+        except OSError:
+            pass
+    """)
+        + textwrap.dedent(LEAVE["orphaned"])
+        + "os._exit(0)\n"
+    )
+    result = await session.judge(Program(source=source), CASES, time_limit=20, parallel=4)
+    accepted = [case.index for case in result.cases if case.verdict == Verdict.ACCEPTED]
+    assert not accepted, result
+
+
+@pytest.mark.parametrize("language", ["python", "python-command"])
+async def test_what_holds_the_output_open_does_not_hold_the_answer(
+    session: Session, language: str
+) -> None:
+    # The program answers and exits; a daemon it left holds its output open for a minute.
+    # The case ends when the program does, not when the daemon lets go (or at the time
+    # limit, as it did).
+    source = textwrap.dedent("""\
+        import os, sys, time
+        a, b = map(int, sys.stdin.read().split())
+        print(a + b, flush=True)
+        if os.fork() == 0:
+            os.setsid()
+            time.sleep(60)
+        os._exit(0)
+    """)
+    lang = "python" if language == "python" else PYTHON_COMMAND
+    with anyio.fail_after(45):  # far below the time limit: the case must not wait for it
+        result = await session.judge(
+            Program(source=source, language=lang), CASES[:4], time_limit=100
+        )
+    assert result.verdict == Verdict.ACCEPTED, result
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # aiodocker is asyncio only
+@pytest.mark.parametrize("leave", ["orphaned", "parent_death_signal", "double_fork"])
+async def test_on_docker_too(docker_engine: None, leave: str) -> None:
+    options = {"default_image": docker_test_image()}
+    async with Session("docker", backend_options=options, sweep=False, report_to=[]) as s:
+        for language in ("python", PYTHON_COMMAND):
+            result = await s.judge(
+                Program(source=program(leave), language=language), CASES, parallel=4
+            )
+            assert_none_accepted(result)
