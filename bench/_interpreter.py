@@ -207,7 +207,10 @@ def render(result: dict[str, Any]) -> str:
             "steps each way, alternating, a fresh sandbox each (its start not counted; the "
             "interpreter's start is, in its first step): `run_code` per step (state in the "
             "interpreter) against one `exec` of the script so far per step (state rebuilt). "
-            "Ratios: the command's p50 over the interpreter's."
+            "Ratios: the command's p50 over the interpreter's. The last column is the share "
+            "of the machine's CPU used by processes outside the measuring process's session "
+            "during the backend's measurements: other users of the machine, and the "
+            "sandboxes' own processes (the runner, the `python3 -c` commands)."
         ),
         "",
         (
