@@ -807,3 +807,11 @@ async def test_wall_clock_of_a_warm_call_is_small(target: Target) -> None:
             again = await sb.run_code("os.getpid()")
             assert again.text == first.text
         assert again.execution_count == (first.execution_count or 0) + 5
+
+
+def test_the_runner_fits_in_one_argument() -> None:
+    """The runner is sent as ``python3 -c SOURCE``: Linux takes no single argument longer
+    than MAX_ARG_STRLEN (32 pages: 128 KiB), whatever the total room (E2BIG)."""
+    from asyncsandbox._interpreter._engine import RUNNER
+
+    assert len(RUNNER.encode()) < 32 * 4096
