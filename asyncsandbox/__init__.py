@@ -31,6 +31,15 @@ from ._errors import (
     SandboxNotFound as SandboxNotFound,
     SandboxOOMKilled as SandboxOOMKilled,
 )
+from ._interpreter import (
+    CodeContext as CodeContext,
+    CodeEvent as CodeEvent,
+    Execution as Execution,
+    ExecutionError as ExecutionError,
+    Logs as Logs,
+    OutputMessage as OutputMessage,
+    Result as Result,
+)
 from ._limits import LimiterStatistics as LimiterStatistics
 from ._metrics import MetricsReporter as MetricsReporter
 from ._models import (
@@ -46,7 +55,12 @@ from ._registry import (
     available_backends as available_backends,
     create_backend as create_backend,
 )
-from ._sandbox import ExecStream as ExecStream, Sandbox as Sandbox
+from ._sandbox import (
+    CodeStream as CodeStream,
+    ExecStream as ExecStream,
+    OutputHandler as OutputHandler,
+    Sandbox as Sandbox,
+)
 from ._session import Session as Session, SessionStatistics as SessionStatistics
 
 __all__ = (
@@ -54,6 +68,7 @@ __all__ = (
     "Session",
     "Sandbox",
     "ExecStream",
+    "CodeStream",
     "Operation",
     "wait",
     "as_completed",
@@ -72,6 +87,15 @@ __all__ = (
     "SandboxInfo",
     "SandboxStatus",
     "Snapshot",
+    # the code interpreter (Sandbox.run_code)
+    "Execution",
+    "Result",
+    "Logs",
+    "ExecutionError",
+    "OutputMessage",
+    "CodeContext",
+    "CodeEvent",
+    "OutputHandler",
     "SnapshotInfo",
     "SessionStatistics",
     "LimiterStatistics",

@@ -11,7 +11,7 @@ failures instead of turning them into reward 0::
     ├── SandboxNotFound (LookupError) ....... no sandbox with that id (it was removed)
     ├── OperationCancelled .................. a submitted operation was cancelled before it ended
     ├── CommandError ........................ the command's own outcome (score it)
-    │   ├── ExecTimeout (TimeoutError) ...... the command exceeded its ``timeout``; it was killed
+    │   ├── ExecTimeout (TimeoutError) ...... the command (or run_code) exceeded its ``timeout``
     │   └── ExecFailed ...................... ``check=True`` and the command exited non-zero
     ├── SandboxFileError .................... a file operation failed; see ``reason``
     └── InfrastructureError ................. not the command's fault (mask it); ``retryable``
@@ -37,6 +37,7 @@ import enum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ._interpreter._models import Execution
     from ._models import ExecResult
 
 __all__ = (
@@ -97,17 +98,26 @@ class CommandError(SandboxError):
     """The command ran and its outcome is an error; the sandbox itself is fine.
 
     ``result`` holds what the command produced (for a timeout: the output up to the kill).
+    For code run by :meth:`~asyncsandbox.Sandbox.run_code`, ``execution`` holds the partial
+    :class:`~asyncsandbox.Execution` (and ``result`` the same call seen as a command: its
+    output, exit status 130 if it stopped at the interrupt, 137 if it was killed).
     """
 
-    def __init__(self, message: str, result: ExecResult) -> None:
+    def __init__(
+        self, message: str, result: ExecResult, *, execution: Execution | None = None
+    ) -> None:
         super().__init__(message)
         self.result = result
+        self.execution = execution
 
 
 class ExecTimeout(CommandError, TimeoutError):
     """The command ran past its ``timeout`` and its whole process tree was killed.
 
-    ``result`` carries the partial output, with ``timed_out`` set.
+    ``result`` carries the partial output, with ``timed_out`` set. From
+    :meth:`~asyncsandbox.Sandbox.run_code`: the code was interrupted as a notebook
+    interrupts it, and ``execution`` carries what it did so far; its context keeps its
+    state unless ``execution.restarted`` (it ignored the interrupt and was killed).
     """
 
 

@@ -29,18 +29,21 @@ from . import _owner
 from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts
 from ._errors import (
     BackendTimeout,
+    ExecTimeout,
     InfrastructureError,
     InvalidArgument,
     LaunchError,
     SandboxClosed,
     SandboxError,
 )
+from ._interpreter._engine import Interpreter
+from ._interpreter._models import CodeEventCallback, CodeRequest, Execution
 from ._limits import Limiter
 from ._metrics import COMMAND_NOT_FOUND, Metrics
 from ._models import ExecResult
 from ._registry import create_backend
 from ._util import current_async_library
-from .abc import Backend, SandboxHandle, SandboxSpec
+from .abc import Backend, CodeInterpreter, SandboxHandle, SandboxSpec
 
 T = TypeVar("T")
 
@@ -98,6 +101,8 @@ class Runtime:
         self.snapshots: set[str] = set()  # snapshots that go with the session
         self._unenforced_warned: set[frozenset[str]] = set()
         self._not_found_warned: set[str] = set()
+        self._services: anyio.abc.TaskGroup | None = None  # tasks serving live sandboxes
+        self._interpreters: dict[str, Interpreter] = {}  # by sandbox id
 
     # -- state ---------------------------------------------------------------------------
 
@@ -122,12 +127,17 @@ class Runtime:
             )
         self._backend.use_timeouts(self.timeouts)
         await self._stack.enter_async_context(self._backend)
+        # Exited before the backend (LIFO): what serves a sandbox (a code interpreter's
+        # runner) goes before the backend that runs it.
+        self._services = await self._stack.enter_async_context(anyio.create_task_group())
 
     async def close(self) -> None:
         """Close the backend (its sandboxes must be removed first). Not shielded: a
         backend may hold a task group entered before it, which must exit outside scopes
         opened later; ``Backend.aclose`` shields what it must."""
         self.state = RuntimeState.CLOSED
+        if self._services is not None:
+            self._services.cancel_scope.cancel()
         await self._stack.aclose()
 
     def check_open(self) -> None:
@@ -256,6 +266,7 @@ class Runtime:
         Cancellation: call it shielded; it is bounded by ``Timeouts.remove``.
         """
         try:
+            await self.drop_interpreter(handle)
             async with self.lifecycle.slot(bounded=False):
                 await self.call("remove", handle.remove, timeout=self.timeouts.remove)
         except Exception as exc:
@@ -286,6 +297,104 @@ class Runtime:
         self._running.pop(handle.id, None)
         self.counts["removed"] += 1
         self.log.debug("sandbox.released", sandbox_id=handle.id)
+
+    # -- the code interpreter ------------------------------------------------------------
+
+    def code_interpreter(self, handle: SandboxHandle, config: SandboxDefaults) -> CodeInterpreter:
+        """Who runs code in ``handle``'s sandbox: the handle itself where its sandbox runs
+        elsewhere (a :class:`CodeInterpreter`), else the sandbox's own interpreter (made on
+        first use, over :meth:`SandboxHandle.interact`)."""
+        if isinstance(handle, CodeInterpreter):
+            return handle
+        interpreter = self._interpreters.get(handle.id)
+        if interpreter is None:
+            if not self.backend.capabilities.interactive or self._services is None:
+                raise InvalidArgument(
+                    f"the {self.name!r} backend cannot run code (run_code needs a backend "
+                    "that starts interactive processes in its sandboxes, such as 'process', "
+                    "'docker' or 'remote')"
+                )
+            interpreter = Interpreter(
+                handle,
+                services=self._services,
+                workdir=config.workdir,
+                env=config.env,
+                cleanup=self.timeouts.cleanup,
+                start_timeout=self.timeouts.operation,
+            )
+            self._interpreters[handle.id] = interpreter
+        return interpreter
+
+    async def run_code(
+        self,
+        handle: SandboxHandle,
+        config: SandboxDefaults,
+        request: CodeRequest,
+        on_event: CodeEventCallback,
+    ) -> Execution:
+        """Run code in a sandbox under the ``execs`` budget; count it, log it, and raise
+        :class:`ExecTimeout` (carrying the execution) when it ran past its timeout.
+
+        Cancellation: the code is interrupted (killed if it does not stop) first.
+        """
+        target = self.code_interpreter(handle, config)
+        async with self.slot(handle.id):
+            try:
+                execution = await self.translate(target.run_code(request, on_event=on_event))
+            except SandboxError as exc:
+                self._code_finished(handle.id, None, exc)
+                raise
+        self._code_finished(handle.id, execution, None)
+        if execution.timed_out:
+            raise ExecTimeout(
+                f"code timed out after {request.timeout}s (context {request.context!r})",
+                _as_result(execution),
+                execution=execution,
+            )
+        return execution
+
+    async def code_call(
+        self,
+        handle: SandboxHandle,
+        config: SandboxDefaults,
+        call: Callable[[CodeInterpreter], Awaitable[T]],
+    ) -> T:
+        """A context operation (create, list, restart, remove), its errors translated."""
+        return await self.translate(call(self.code_interpreter(handle, config)))
+
+    async def drop_interpreter(self, handle: SandboxHandle) -> None:
+        """Stop the sandbox's interpreter, if it has one: its contexts end with the episode
+        (before the sandbox is removed, or reset for the next one).
+
+        Cancellation: shielded, bounded by ``Timeouts.cleanup``.
+        """
+        interpreter = self._interpreters.pop(handle.id, None)
+        if interpreter is not None:
+            await interpreter.aclose()
+
+    def _code_finished(
+        self, sandbox_id: str, execution: Execution | None, error: BaseException | None
+    ) -> None:
+        timed_out = execution is not None and execution.timed_out
+        key = "timed_out" if timed_out else "failed" if error is not None else "finished"
+        self.counts[key] += 1
+        self.metrics.exec_finished(
+            sandbox=sandbox_id,
+            returncode=None if execution is None else int(execution.error is not None),
+            duration=None if execution is None else execution.duration,
+            timed_out=timed_out,
+            infrastructure=isinstance(error, InfrastructureError),
+        )
+        if execution is not None:
+            self.log.debug(
+                "sandbox.run_code.finished",
+                sandbox_id=sandbox_id,
+                context=execution.context_id,
+                error=None if execution.error is None else execution.error.name,
+                seconds=round(execution.duration, 4),
+                timed_out=timed_out,
+                restarted=execution.restarted,
+            )
 
     # -- state ---------------------------------------------------------------------------
 
@@ -488,6 +597,23 @@ class Runtime:
 
 def _deadline(seconds: float | None) -> float:
     return math.inf if seconds is None else seconds
+
+
+def _as_result(execution: Execution) -> ExecResult:
+    """A timed-out ``run_code`` call seen as a command, for :class:`ExecTimeout`'s
+    ``result``: its output, and 130 (stopped at the interrupt) or 137 (killed)."""
+    killed = execution.restarted
+    return ExecResult(
+        argv=("run_code", execution.context_id),
+        returncode=137 if killed else 130,
+        stdout="".join(execution.logs.stdout).encode(),
+        stderr="".join(execution.logs.stderr).encode(),
+        duration=execution.duration,
+        timed_out=True,
+        stdout_truncated=execution.logs.stdout_truncated,
+        stderr_truncated=execution.logs.stderr_truncated,
+        signal=9 if killed else 2,
+    )
 
 
 class _Translated:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import inspect
 import math
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar, final
+from typing import TYPE_CHECKING, Any, Self, TypeVar, cast, final
 
 import anyio
 from anyio import TypedAttributeLookupError
@@ -26,6 +27,18 @@ from ._errors import (
     SandboxDied,
     SandboxError,
 )
+from ._interpreter._models import (
+    DEFAULT_CONTEXT,
+    LANGUAGE,
+    CodeContext,
+    CodeEvent,
+    CodeEventCallback,
+    CodeRequest,
+    Execution,
+    ExecutionError,
+    OutputMessage,
+    Result,
+)
 from ._models import ExecResult, OutputChunk, SandboxInfo, Snapshot, Stream
 from ._output import BoundedBuffer
 from ._util import single_error
@@ -35,10 +48,15 @@ if TYPE_CHECKING:
     from ._pool import Pool
     from ._runtime import Runtime
 
-__all__ = ("ExecStream", "Sandbox", "SandboxOwner", "SandboxState")
+__all__ = ("CodeStream", "ExecStream", "OutputHandler", "Sandbox", "SandboxOwner", "SandboxState")
 
 T = TypeVar("T")
 T_Attr = TypeVar("T_Attr")
+E = TypeVar("E")
+
+OutputHandler = Callable[[E], Awaitable[object] | object]
+"""A ``run_code`` callback (``on_stdout=``, ...): a function or a coroutine function of
+one event, called as the event comes (in the event loop's thread)."""
 
 DEFAULT_READ_LIMIT = 100 * 1024 * 1024
 
@@ -254,6 +272,8 @@ class Sandbox:
                 self._state = _CLOSED
                 if handle is not None:
                     try:
+                        # Its code contexts end with the episode, recycled or not.
+                        await self._runtime.drop_interpreter(handle)
                         if self._attached:
                             await self._runtime.remove(handle, attached=True)
                         elif not self._recycled(handle):
@@ -501,6 +521,213 @@ class Sandbox:
             )
         return result
 
+    # -- code ---------------------------------------------------------------------------
+
+    async def run_code(
+        self,
+        code: str,
+        *,
+        context: CodeContext | str | None = None,
+        language: str | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        max_output_bytes: int | None = None,
+        on_stdout: OutputHandler[OutputMessage] | None = None,
+        on_stderr: OutputHandler[OutputMessage] | None = None,
+        on_result: OutputHandler[Result] | None = None,
+        on_error: OutputHandler[ExecutionError] | None = None,
+    ) -> Execution:
+        """Run Python ``code`` in a stateful context, as a notebook cell runs, and return
+        what it did (named after E2B's code interpreter)::
+
+            await sandbox.run_code("import math; x = 6 * 7")
+            execution = await sandbox.run_code("math.sqrt(x)")
+            execution.text  # '6.48074069840786'
+
+        Variables, imports and the working directory persist from one call to the next in
+        the same context; ``context=None`` is the sandbox's default one, made on first use
+        (:meth:`create_code_context` makes more: each an interpreter of its own). The last
+        expression is the main result (``;`` at the end hides it); objects' ``_repr_html_``,
+        ``_repr_png_``, ... and ``display(obj)`` become :class:`Result` formats (through
+        IPython's formatters when the sandbox has IPython); matplotlib figures (shown, or
+        left open at the end) come back as PNG. An exception is :attr:`Execution.error`,
+        not raised; the context keeps its state.
+
+        It needs ``python3`` in the sandbox and nothing else: a runner (standard library
+        only) is sent in on the first call and runs as the sandbox's user, inside its
+        isolation and limits; the code can neither reach nor forge what the runner tells us.
+
+        :param context: a :class:`CodeContext` or its id.
+        :param language: ``"python"`` (or ``None``); E2B's other languages are not run.
+            Give a context or a language, not both.
+        :param timeout: the code's own limit in seconds. Past it, the code is interrupted
+            (``KeyboardInterrupt``, as a notebook's interrupt) and :class:`ExecTimeout` is
+            raised with the partial execution (``exc.execution``); the context keeps its
+            state. Code that ignores the interrupt is killed after a short grace: its
+            context restarts (``execution.restarted``). ``None``: no limit.
+        :param env: environment variables set (``os.environ``) for this call only.
+        :param max_output_bytes: per stream (head and tail kept, as for :meth:`exec`), and
+            for the results together. Default: ``config.max_output_bytes``.
+        :param on_stdout: called with each :class:`OutputMessage` of stdout as it comes (a
+            function or a coroutine function); ``on_stderr`` likewise; ``on_result`` with
+            each :class:`Result`, ``on_error`` with the :class:`ExecutionError`.
+
+        An interpreter that dies (``os._exit``, a segfault, the OOM killer) is reported as
+        the execution's error (``InterpreterDied``) and the next call gets a fresh one.
+        Output of threads the code started in an earlier call never lands in this one.
+
+        Cancellation: the code is interrupted (killed, with its context restarted, if it
+        ignores the interrupt) before the cancellation propagates.
+        """
+        request = self._code_request(code, context, language, timeout, env, max_output_bytes)
+        handlers = _Handlers(on_stdout, on_stderr, on_result, on_error)
+        return await self._run_code(request, handlers)
+
+    @asynccontextmanager
+    async def run_code_stream(
+        self,
+        code: str,
+        *,
+        context: CodeContext | str | None = None,
+        language: str | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        max_output_bytes: int | None = None,
+    ) -> AsyncIterator[CodeStream]:
+        """Run code as :meth:`run_code` does and receive what it does as it comes::
+
+            async with sandbox.run_code_stream(code, timeout=600) as run:
+                async for event in run:  # OutputMessage, Result or ExecutionError
+                    print(event)
+                execution = await run.wait()
+
+        Events are delivered unbounded (a slow reader slows the code down, never our
+        memory); the execution is bounded. Leaving the block before the code finished
+        interrupts it (and kills it if it does not stop).
+
+        Cancellation: as for :meth:`run_code`.
+        """
+        request = self._code_request(code, context, language, timeout, env, max_output_bytes)
+        send, receive = anyio.create_memory_object_stream[CodeEvent](16)
+        stream = CodeStream(receive)
+
+        async def on_event(event: CodeEvent) -> None:
+            # The reader may have left the block; the code is being interrupted then.
+            with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await send.send(event)
+
+        async def run() -> None:
+            async with send:
+                try:
+                    stream._execution = await self._run_code(request, on_event)
+                except Exception as exc:  # noqa: BLE001 - delivered by stream.wait()
+                    stream._error = exc
+
+        with single_error():
+            async with anyio.create_task_group() as tg, receive:
+                tg.start_soon(run)
+                yield stream
+                tg.cancel_scope.cancel()
+
+    async def create_code_context(
+        self, *, cwd: str | None = None, language: str | None = None
+    ) -> CodeContext:
+        """A new code context: an interpreter of its own (variables, imports, working
+        directory), starting in ``cwd`` (relative paths are under ``config.workdir``;
+        default: the workdir). It lives until :meth:`remove_code_context` or the
+        sandbox's end; pass it (or its id) as ``run_code(context=...)``.
+
+        Cancellation: nothing is left of a context that was not returned.
+        """
+        directory = (
+            self.config.workdir
+            if cwd is None
+            else check.sandbox_path("cwd", cwd, workdir=self.config.workdir)
+        )
+        language = _language(language)
+        handle = await self._live_handle()
+        return await self._guard(
+            self._runtime.code_call(
+                handle,
+                self.config,
+                lambda target: target.create_code_context(cwd=directory, language=language),
+            )
+        )
+
+    async def list_code_contexts(self) -> list[CodeContext]:
+        """The sandbox's code contexts (the default one once it was used).
+
+        Cancellation: nothing to undo (it only reads; starting the interpreter's runner, if
+        it has none yet, is not needed and not done).
+        """
+        handle = await self._live_handle()
+        return await self._guard(
+            self._runtime.code_call(handle, self.config, lambda target: target.list_code_contexts())
+        )
+
+    async def restart_code_context(self, context: CodeContext | str) -> None:
+        """Give a context a fresh interpreter (its id and starting directory stay); a call
+        running in it ends with ``restarted`` set.
+
+        Cancellation: the restart completes or the context is left as it was.
+        """
+        context_id = _context_id(context)
+        handle = await self._live_handle()
+        await self._guard(
+            self._runtime.code_call(
+                handle, self.config, lambda target: target.restart_code_context(context_id)
+            )
+        )
+
+    async def remove_code_context(self, context: CodeContext | str) -> None:
+        """Kill a context's interpreter and everything it started, and forget it (the
+        default one is made afresh by the next ``run_code`` without a context).
+
+        Cancellation: it runs to its end (it only kills).
+        """
+        context_id = _context_id(context)
+        handle = await self._live_handle()
+        await self._guard(
+            self._runtime.code_call(
+                handle, self.config, lambda target: target.remove_code_context(context_id)
+            )
+        )
+
+    def _code_request(
+        self,
+        code: object,
+        context: object,
+        language: object,
+        timeout: object,
+        env: object,
+        max_output_bytes: object,
+    ) -> CodeRequest:
+        if not isinstance(code, str):
+            raise InvalidArgument(f"code must be a str, got {type(code).__name__}")
+        if context is not None and language is not None:
+            raise InvalidArgument("give a context or a language, not both")
+        _language(language)
+        limit = self.config.max_output_bytes if max_output_bytes is None else max_output_bytes
+        return CodeRequest(
+            code=code,
+            context=DEFAULT_CONTEXT if context is None else _context_id(context),
+            timeout=check.seconds("timeout", timeout),
+            env=check.env("env", env),
+            max_output_bytes=check.positive_int("max_output_bytes", limit),
+        )
+
+    async def _run_code(self, request: CodeRequest, on_event: CodeEventCallback) -> Execution:
+        handle = await self._live_handle()
+        with anyio.CancelScope() as scope:
+            self._scopes.add(scope)  # stop() ends the call (the code is interrupted)
+            try:
+                return await self._guard(
+                    self._runtime.run_code(handle, self.config, request, on_event)
+                )
+            finally:
+                self._scopes.discard(scope)
+        raise SandboxClosed("the sandbox was stopped while the code ran")
+
     # -- files --------------------------------------------------------------------------
 
     async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_LIMIT) -> bytes:
@@ -684,6 +911,87 @@ class ExecStream:
             raise self._error
         assert self._result is not None
         return self._result
+
+
+class CodeStream:
+    """Running code from :meth:`Sandbox.run_code_stream`: iterate for its events
+    (:class:`OutputMessage`, :class:`Result`, :class:`ExecutionError`) as they come."""
+
+    def __init__(self, receive: anyio.abc.ObjectReceiveStream[CodeEvent]) -> None:
+        self._receive = receive
+        self._execution: Execution | None = None
+        self._error: Exception | None = None
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> CodeEvent:
+        try:
+            return await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def wait(self) -> Execution:
+        """Wait for the code to finish (discarding events not iterated yet) and return its
+        :class:`Execution`; raises as :meth:`Sandbox.run_code` would
+        (:class:`ExecTimeout`, ...)."""
+        async for _ in self:
+            pass
+        if self._error is not None:
+            raise self._error
+        assert self._execution is not None
+        return self._execution
+
+
+class _Handlers:
+    """``run_code``'s E2B-style callbacks, as one event callback."""
+
+    def __init__(
+        self,
+        on_stdout: OutputHandler[OutputMessage] | None,
+        on_stderr: OutputHandler[OutputMessage] | None,
+        on_result: OutputHandler[Result] | None,
+        on_error: OutputHandler[ExecutionError] | None,
+    ) -> None:
+        for name, value in (
+            ("on_stdout", on_stdout),
+            ("on_stderr", on_stderr),
+            ("on_result", on_result),
+            ("on_error", on_error),
+        ):
+            if value is not None and not callable(value):
+                raise InvalidArgument(f"{name} must be callable, got {value!r}")
+        self._on_stdout = on_stdout
+        self._on_stderr = on_stderr
+        self._on_result = on_result
+        self._on_error = on_error
+
+    async def __call__(self, event: CodeEvent) -> None:
+        handler: Callable[[Any], object] | None
+        if isinstance(event, OutputMessage):
+            handler = cast(Any, self._on_stderr if event.error else self._on_stdout)
+        elif isinstance(event, Result):
+            handler = cast(Any, self._on_result)
+        else:
+            handler = cast(Any, self._on_error)
+        if handler is not None:
+            outcome = handler(event)
+            if inspect.isawaitable(outcome):
+                await outcome
+
+
+def _language(language: object) -> str:
+    if language is None:
+        return LANGUAGE
+    if not isinstance(language, str) or language.strip().lower() != LANGUAGE:
+        raise InvalidArgument(f"code runs as python; language {language!r} is not supported")
+    return LANGUAGE
+
+
+def _context_id(context: object) -> str:
+    if isinstance(context, CodeContext):
+        return context.id
+    return check.identifier("context", context)
 
 
 async def _stop_quietly(sandbox: Sandbox) -> None:

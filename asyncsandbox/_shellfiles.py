@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol
 
@@ -11,7 +11,7 @@ import anyio
 
 from ._errors import FileErrorReason, SandboxFileError
 
-__all__ = ("ShellFiles", "ShellProcess")
+__all__ = ("InteractiveProcess", "ShellFiles")
 
 CHUNK = 256 * 1024
 
@@ -52,25 +52,27 @@ GET_ARCHIVE = (
 )
 
 
-class ShellProcess(Protocol):
-    """A running ``sh`` script, as :meth:`ShellFiles.shell` provides it.
+class InteractiveProcess(Protocol):
+    """A process running in a sandbox with streamed stdin and stdout, as
+    :meth:`~asyncsandbox.abc.SandboxHandle.interact` provides it (a file operation's ``sh``
+    script, the code interpreter's runner).
 
     Iterate it for stdout chunks (until EOF). The implementation collects stderr by itself
-    (its first few KiB suffice) so that a chatty stderr never blocks the script.
+    (its first few KiB suffice) so that a chatty stderr never blocks the process.
     """
 
     async def send(self, data: bytes) -> None:
-        """Write to the script's stdin; raise ``anyio.BrokenResourceError`` once the script
+        """Write to the process's stdin; raise ``anyio.BrokenResourceError`` once the process
         stopped reading."""
 
     async def close_stdin(self) -> None:
-        """Close the script's stdin (it sees EOF)."""
+        """Close the process's stdin (it sees EOF)."""
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         """stdout chunks as they come."""
 
     async def wait(self) -> tuple[int, bytes]:
-        """Wait for the script to end; return its exit status and the start of its stderr."""
+        """Wait for the process to end; return its exit status and the start of its stderr."""
 
 
 def _file_error(path: str, returncode: int, stderr: bytes) -> SandboxFileError:
@@ -85,20 +87,31 @@ class ShellFiles:
     """Mixin: the four file operations of :class:`SandboxHandle`, for sandboxes that can run
     ``sh`` scripts (with ``cat``, ``stat``, ``mkdir``, ``tar``) with streamed stdin and stdout.
 
-    Implement :meth:`shell`; the operations then run inside the sandbox with the sandbox
-    user's rights and view of the filesystem (so paths and symlinks resolve as the sandbox
-    sees them, never on the host), stream their data, and map failures to typed
-    :class:`SandboxFileError` reasons.
+    Implement :meth:`interact` (the handle's primitive, see
+    :meth:`~asyncsandbox.abc.SandboxHandle.interact`); the operations then run inside the
+    sandbox with the sandbox user's rights and view of the filesystem (so paths and
+    symlinks resolve as the sandbox sees them, never on the host), stream their data, and
+    map failures to typed :class:`SandboxFileError` reasons.
     """
 
     @abstractmethod
+    def interact(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bool = True,
+    ) -> AbstractAsyncContextManager[InteractiveProcess]:
+        """See :meth:`asyncsandbox.abc.SandboxHandle.interact`."""
+
     def shell(
         self, script: str, args: Sequence[str], *, stdin: bool
-    ) -> AbstractAsyncContextManager[ShellProcess]:
+    ) -> AbstractAsyncContextManager[InteractiveProcess]:
         """Run ``sh -c script sh args...`` in the sandbox as the sandbox user, with
-        ``LC_ALL=C``, in ``/``. If the block exits before the script ended (an error, a
-        cancellation), kill it (shielded, bounded) before leaving. ``stdin=False``: an
-        empty stdin."""
+        ``LC_ALL=C``, in ``/``, through :meth:`interact`. ``stdin=False``: an empty stdin."""
+        argv = ("/bin/sh", "-c", script, "sh", *args)
+        return self.interact(argv, cwd="/", env={"LC_ALL": "C"}, stdin=stdin)
 
     def shell_path(self, path: str) -> str:
         """``path`` as the script must see it (override to map paths)."""

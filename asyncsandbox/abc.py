@@ -21,7 +21,10 @@ Promises that hold for every method:
   leaves no process — in a shielded scope with a bounded deadline. Never swallow it.
 
 Backends that can run ``sh`` scripts inside their sandboxes get the four file operations
-from the :class:`ShellFiles` mixin by implementing one method.
+from the :class:`ShellFiles` mixin by implementing one method,
+:meth:`SandboxHandle.interact`, which also gives their sandboxes the code interpreter
+(``Sandbox.run_code``). A backend whose sandboxes run elsewhere (a server, a cluster) runs
+code where they are instead, by making its handles :class:`CodeInterpreter` objects.
 
 Third-party backends register under the entry-point group ``asyncsandbox.backends``
 (``name = "package.module:BackendClass"``); ``Session(backend="name", backend_options={...})``
@@ -35,24 +38,30 @@ from abc import ABCMeta, abstractmethod
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import ClassVar, Self
+from typing import ClassVar, Protocol, Self, runtime_checkable
 
 import msgspec
 from anyio import TypedAttributeProvider
 
 from ._config import Resources, Timeouts
+from ._interpreter._engine import Interpreter as SandboxInterpreter
+from ._interpreter._models import CodeContext, CodeEventCallback, CodeRequest, Execution
 from ._models import SandboxInfo, SnapshotInfo, Stream
-from ._shellfiles import ShellFiles, ShellProcess
+from ._shellfiles import InteractiveProcess, ShellFiles
 
 __all__ = (
     "Backend",
     "BackendCapabilities",
+    "CodeEventCallback",
+    "CodeInterpreter",
+    "CodeRequest",
     "ExitStatus",
+    "InteractiveProcess",
     "OutputCallback",
     "SandboxHandle",
+    "SandboxInterpreter",
     "SandboxSpec",
     "ShellFiles",
-    "ShellProcess",
 )
 
 OutputCallback = Callable[[Stream, bytes], Awaitable[None]]
@@ -87,6 +96,9 @@ class BackendCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     from a snapshot (``SandboxSpec.snapshot``)."""
     reset: bool = False
     """:meth:`SandboxHandle.reset` works: a sandbox can be handed to another episode."""
+    interactive: bool = False
+    """:meth:`SandboxHandle.interact` works (and with it the code interpreter), unless the
+    handles are :class:`CodeInterpreter` objects, which run code themselves."""
 
 
 class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -212,6 +224,34 @@ class SandboxHandle(TypedAttributeProvider, metaclass=ABCMeta):
         Cancellation: the runtime shields this call and bounds it with ``Timeouts.remove``.
         """
 
+    def interact(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bool = True,
+    ) -> AbstractAsyncContextManager[InteractiveProcess]:
+        """Start ``argv`` in the sandbox, as a command of the sandbox (its user, its
+        isolation, its limits), and keep it running for as long as the block lasts: its
+        stdin is written as the caller goes (``stdin=False``: an empty stdin), its stdout
+        read as it comes. Only with ``capabilities.interactive``.
+
+        * ``env`` and ``cwd`` are as for :meth:`exec` (the runtime merged the sandbox's
+          environment in). A program that cannot start ends at once with a shell's status
+          (126/127) in :meth:`InteractiveProcess.wait`, not an exception.
+        * The process may stay silent for as long as it likes (the code interpreter's runner
+          waits for its next request): never treat silence as a failure.
+        * Processes it starts are its own: when its main process exits, or when the block
+          exits before that (an error, a cancellation), kill its whole process tree
+          (shielded, bounded by ``timeouts.cleanup``) before leaving.
+        * Raise :class:`~asyncsandbox.SandboxDied` if the sandbox is gone, and
+          :class:`~asyncsandbox.LaunchError` if the process could not be set up.
+
+        Cancellation: as for :meth:`exec`, the whole tree is killed before leaving.
+        """
+        raise NotImplementedError
+
     async def snapshot(self, *, labels: Mapping[str, str] | None = None) -> str:
         """Freeze the sandbox's filesystem state (workdir, home, ``/tmp``, what was
         installed) as a snapshot, and return its id; the sandbox goes on running.
@@ -234,6 +274,65 @@ class SandboxHandle(TypedAttributeProvider, metaclass=ABCMeta):
         Cancellation: the runtime removes a sandbox whose reset was cancelled.
         """
         raise NotImplementedError
+
+
+@runtime_checkable
+class CodeInterpreter(Protocol):
+    """Runs code where a sandbox is: a :class:`SandboxHandle` whose sandbox runs elsewhere
+    (on a server, on a cluster's node) implements these to forward a whole ``run_code`` (or
+    context) call there, where the local ``Sandbox.run_code`` runs it. The runtime checks
+    for it on the handle (as it checks a backend for ``JudgingBackend``) and otherwise runs
+    code itself over :meth:`SandboxHandle.interact`; either way it applies the same policy
+    (the exec budget, metrics, logs, error translation, the timeout's
+    :class:`~asyncsandbox.ExecTimeout`).
+
+    Contexts are processes of the sandbox: they die with it and never survive its reset.
+    """
+
+    async def run_code(self, request: CodeRequest, *, on_event: CodeEventCallback) -> Execution:
+        """Run ``request.code`` in the context ``request.context`` (the default one is made
+        on first use; another unknown id raises :class:`~asyncsandbox.InvalidArgument`),
+        deliver its events to ``on_event`` as they come, and return the whole
+        :class:`~asyncsandbox.Execution`, bounded by ``request.max_output_bytes``.
+
+        Past ``request.timeout`` the code is interrupted (then killed and its context
+        restarted if it does not stop), and the execution returned has ``timed_out`` set:
+        the runtime raises the timeout, not the handle. An exception in the code, and an
+        interpreter that died, are data in the execution.
+
+        Cancellation: the code is interrupted (killed if it does not stop) before the
+        cancellation propagates; the context keeps its state if it stopped.
+        """
+        ...
+
+    async def create_code_context(self, *, cwd: str, language: str) -> CodeContext:
+        """A new context starting in ``cwd`` (absolute). Raise
+        :class:`~asyncsandbox.InvalidArgument` if it cannot start there.
+
+        Cancellation: nothing is left of a context that was not returned.
+        """
+        ...
+
+    async def list_code_contexts(self) -> list[CodeContext]:
+        """The contexts of the sandbox, the default one included once it was made."""
+        ...
+
+    async def restart_code_context(self, context_id: str) -> None:
+        """Give the context a fresh interpreter (same id and working directory); a call
+        running in it ends, restarted. Raise :class:`~asyncsandbox.InvalidArgument` for an
+        unknown id.
+
+        Cancellation: the restart completes or the context is left as it was.
+        """
+        ...
+
+    async def remove_code_context(self, context_id: str) -> None:
+        """Kill the context's interpreter and everything it started; forget it. Raise
+        :class:`~asyncsandbox.InvalidArgument` for an unknown id.
+
+        Cancellation: runs to its end (it only kills).
+        """
+        ...
 
 
 class Backend(metaclass=ABCMeta):

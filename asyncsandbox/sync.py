@@ -57,9 +57,11 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from . import _sandbox, _session, _validate as check
 from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts, WarmPool
 from ._errors import InvalidArgument, OperationCancelled, SandboxClosed, SandboxError
+from ._interpreter._models import CodeContext, Execution, ExecutionError, OutputMessage, Result
 from ._log import get_logger
 from ._metrics import MetricsReporter
 from ._models import ExecResult, SandboxInfo, SandboxStatus, Snapshot, SnapshotInfo
+from ._sandbox import OutputHandler
 from ._session import SessionStatistics
 from .abc import Backend
 from .judge import Comparison, JudgeResult, Program, TestCase
@@ -500,6 +502,66 @@ class SyncSandbox:
             max_output_bytes=max_output_bytes,
         )
         return self._launch("exec", call)
+
+    def run_code(
+        self,
+        code: str,
+        *,
+        context: CodeContext | str | None = None,
+        language: str | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        max_output_bytes: int | None = None,
+        on_stdout: OutputHandler[OutputMessage] | None = None,
+        on_stderr: OutputHandler[OutputMessage] | None = None,
+        on_result: OutputHandler[Result] | None = None,
+        on_error: OutputHandler[ExecutionError] | None = None,
+    ) -> Handle[Execution]:
+        """Run Python code in a stateful context and return a handle for its
+        :class:`~asyncsandbox.Execution`; arguments as for
+        :meth:`asyncsandbox.Sandbox.run_code` (the callbacks run in the session's event
+        loop thread: keep them quick). ``.result()`` raises
+        :class:`~asyncsandbox.ExecTimeout` when the code ran past ``timeout``.
+
+        Cancellation: cancelling the handle interrupts the code (killing it, and restarting
+        its context, if it ignores the interrupt).
+        """
+        call = functools.partial(
+            self._sandbox.run_code,
+            code,
+            context=context,
+            language=language,
+            timeout=timeout,
+            env=env,
+            max_output_bytes=max_output_bytes,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+            on_result=on_result,
+            on_error=on_error,
+        )
+        return self._launch("run_code", call)
+
+    def create_code_context(
+        self, *, cwd: str | None = None, language: str | None = None
+    ) -> Handle[CodeContext]:
+        """A new code context (see :meth:`asyncsandbox.Sandbox.create_code_context`)."""
+        call = functools.partial(self._sandbox.create_code_context, cwd=cwd, language=language)
+        return self._launch("create_code_context", call)
+
+    def list_code_contexts(self) -> Handle[builtins.list[CodeContext]]:
+        """The sandbox's code contexts (see :meth:`asyncsandbox.Sandbox.list_code_contexts`)."""
+        return self._launch("list_code_contexts", self._sandbox.list_code_contexts)
+
+    def restart_code_context(self, context: CodeContext | str) -> Handle[None]:
+        """A fresh interpreter for a context (see
+        :meth:`asyncsandbox.Sandbox.restart_code_context`)."""
+        call = functools.partial(self._sandbox.restart_code_context, context)
+        return self._launch("restart_code_context", call)
+
+    def remove_code_context(self, context: CodeContext | str) -> Handle[None]:
+        """Kill and forget a context (see :meth:`asyncsandbox.Sandbox.remove_code_context`)."""
+        call = functools.partial(self._sandbox.remove_code_context, context)
+        return self._launch("remove_code_context", call)
 
     def read_file(
         self, path: str, *, max_bytes: int = _sandbox.DEFAULT_READ_LIMIT

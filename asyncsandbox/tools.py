@@ -35,6 +35,14 @@ The tools (``Toolbox(..., tools=[...])`` selects a subset):
         ...
         [STDERR]
         ...
+``python``
+    offered only when asked for (``tools=[...]``): ``code`` runs in the sandbox's stateful
+    Python interpreter (:meth:`Sandbox.run_code <asyncsandbox.Sandbox.run_code>`, its
+    default context): variables, imports and the working directory persist from one call to
+    the next, the value of the last expression is shown, and images the code displays
+    (matplotlib figures, ``_repr_png_``) come back as :attr:`ToolResult.images`. ``timeout``
+    in seconds (``python_timeout``, ``max_python_timeout``): past it the code is
+    interrupted and the interpreter keeps its state.
 ``read_file``
     ``path``, optionally ``start_line``/``end_line`` (1-based, inclusive): the text.
 ``write_file``
@@ -62,6 +70,11 @@ Observations (:attr:`ToolResult.observation`):
   The status line is ``exit=<code>``, with ``(killed by signal N)`` or ``(killed: out of
   memory)`` when that happened, or ``timed out after <T>s (the command was killed); output
   so far:`` followed by the partial output.
+* ``python``: stdout, then ``[stderr]`` and stderr, then each displayed value as
+  ``Out: <text>`` (an image as ``[image N: image/png, shown as an image]``), then the
+  traceback of an exception; ``(no output)`` for none. A timeout starts it with
+  ``timed out after <T>s (interrupted: the interpreter keeps its state); output so far:``,
+  and an interpreter that had to be restarted ends it with a note that its state is gone.
 * Failures read ``Error: <what happened>`` with a hint where one helps.
 * Output is decoded as UTF-8 with replacement (never an exception). An observation longer
   than ``max_observation_chars`` keeps its head and tail around a
@@ -78,6 +91,7 @@ propagates.
 
 from __future__ import annotations
 
+import base64
 import copy
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -95,16 +109,26 @@ from ._errors import (
     SandboxError,
     SandboxFileError,
 )
+from ._interpreter._models import Execution
 from ._log import get_logger
 from ._models import ExecResult
 from ._sandbox import Sandbox
 
-__all__ = ("Toolbox", "ToolResult", "Grade", "TOOL_NAMES", "Tests")
+__all__ = ("Toolbox", "ToolResult", "ToolImage", "Grade", "TOOL_NAMES", "Tests")
 
-TOOL_NAMES = ("bash", "execute_bash", "read_file", "write_file", "str_replace_editor", "submit")
+TOOL_NAMES = (
+    "bash",
+    "execute_bash",
+    "python",
+    "read_file",
+    "write_file",
+    "str_replace_editor",
+    "submit",
+)
 """Every tool a :class:`Toolbox` knows, in the order its schemas list them. Offered by
-default: all but ``execute_bash`` (and ``submit`` without ``tests``)."""
-_OPT_IN = frozenset({"execute_bash"})
+default: all but ``execute_bash`` and ``python`` (and ``submit`` without ``tests``)."""
+_OPT_IN = frozenset({"execute_bash", "python"})
+_IMAGE_TYPES = (("png", "image/png"), ("jpeg", "image/jpeg"))
 
 
 class Grade(msgspec.Struct, frozen=True, kw_only=True):
@@ -136,6 +160,24 @@ _MARKER = "\n[... {} characters truncated ...]\n"
 _MARKER_ROOM = 64  # more than the marker ever takes
 
 
+class ToolImage(msgspec.Struct, frozen=True, kw_only=True):
+    """An image a tool call produced (``python``: a figure, an object's ``_repr_png_``)."""
+
+    mime_type: str
+    """``image/png`` or ``image/jpeg``."""
+    data: bytes
+
+    @property
+    def base64(self) -> str:
+        """``data`` in base64 (what Anthropic's and MCP's image content carry)."""
+        return base64.b64encode(self.data).decode("ascii")
+
+    @property
+    def data_url(self) -> str:
+        """``data:<mime>;base64,...``: an OpenAI ``image_url``."""
+        return f"data:{self.mime_type};base64,{self.base64}"
+
+
 class ToolResult(msgspec.Struct, frozen=True, kw_only=True):
     """The outcome of one tool call."""
 
@@ -152,10 +194,28 @@ class ToolResult(msgspec.Struct, frozen=True, kw_only=True):
     """``submit`` only: the reward of the submission."""
     done: bool = False
     """The episode is over (the task was submitted)."""
+    images: tuple[ToolImage, ...] = ()
+    """Images the call produced (``python``), in the order the observation names them."""
 
     def message(self, tool_call_id: str) -> dict[str, str]:
-        """The OpenAI chat message answering the tool call ``tool_call_id``."""
+        """The OpenAI chat message answering the tool call ``tool_call_id`` (its text:
+        OpenAI's tool messages take no images, see :meth:`messages`)."""
         return {"role": "tool", "tool_call_id": tool_call_id, "content": self.observation}
+
+    def messages(self, tool_call_id: str) -> list[dict[str, Any]]:
+        """The OpenAI chat messages answering the tool call: :meth:`message`, then, if the
+        call produced images, a user message showing them (``image_url`` parts with data
+        URLs), which is how a chat model gets to see a tool's images."""
+        answer: list[dict[str, Any]] = [dict(self.message(tool_call_id))]
+        if self.images:
+            parts: list[dict[str, Any]] = [
+                {"type": "text", "text": f"The images of tool call {tool_call_id}:"}
+            ]
+            parts += [
+                {"type": "image_url", "image_url": {"url": image.data_url}} for image in self.images
+            ]
+            answer.append({"role": "user", "content": parts})
+        return answer
 
 
 # -- arguments: one Struct per tool validates them, and its JSON schema is the tool's ---------
@@ -169,6 +229,13 @@ class _Bash(_Args, frozen=True, kw_only=True, forbid_unknown_fields=True):
     command: Annotated[str, Meta(description="The shell command, e.g. `ls -la src`.")]
     timeout: (
         Annotated[float, Meta(gt=0, description="Seconds before it is killed.")] | UnsetType
+    ) = UNSET
+
+
+class _Python(_Args, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    code: Annotated[str, Meta(description="Python code; the last expression's value is shown.")]
+    timeout: (
+        Annotated[float, Meta(gt=0, description="Seconds before it is interrupted.")] | UnsetType
     ) = UNSET
 
 
@@ -251,6 +318,16 @@ _SPECS: dict[str, tuple[type[_Args], str]] = {
             "There is no network."
         ),
     ),
+    "python": (
+        _Python,
+        (
+            "Run Python code in a persistent interpreter (like a notebook cell) in the "
+            "sandbox, starting in {workdir}: variables, imports and the working directory "
+            "persist between calls. Shows stdout, stderr, the value of the last expression "
+            "and the traceback of an exception; figures (matplotlib) and images come back "
+            "as images. There is no network."
+        ),
+    ),
     "read_file": (
         _ReadFile,
         "Read a text file, whole or lines `start_line` to `end_line`.",
@@ -311,6 +388,8 @@ class Toolbox:
     :param test_timeout: the test command's own timeout (``None``: none); a timeout scores 0.0.
     :param bash_timeout: default ``timeout`` of ``bash``, in seconds.
     :param max_bash_timeout: the most ``bash`` may ask for (larger requests are lowered).
+    :param python_timeout: default ``timeout`` of ``python``, in seconds.
+    :param max_python_timeout: the most ``python`` may ask for.
     :param max_observation_chars: observations longer than this keep their head and tail.
     :param max_file_bytes: files larger than this are not read (a ``too_large`` error).
 
@@ -327,6 +406,8 @@ class Toolbox:
         test_timeout: float | None = 600.0,
         bash_timeout: float = 30.0,
         max_bash_timeout: float = 600.0,
+        python_timeout: float = 30.0,
+        max_python_timeout: float = 600.0,
         max_observation_chars: int = 10_000,
         max_file_bytes: int = 1024 * 1024,
     ) -> None:
@@ -357,6 +438,10 @@ class Toolbox:
         self._max_bash_timeout = _positive("max_bash_timeout", max_bash_timeout)
         if self._bash_timeout > self._max_bash_timeout:
             raise InvalidArgument("bash_timeout must not exceed max_bash_timeout")
+        self._python_timeout = _positive("python_timeout", python_timeout)
+        self._max_python_timeout = _positive("max_python_timeout", max_python_timeout)
+        if self._python_timeout > self._max_python_timeout:
+            raise InvalidArgument("python_timeout must not exceed max_python_timeout")
         self._max_chars = check.positive_int("max_observation_chars", max_observation_chars)
         if self._max_chars < 4 * _MARKER_ROOM:
             raise InvalidArgument(f"max_observation_chars must be >= {4 * _MARKER_ROOM}")
@@ -392,6 +477,11 @@ class Toolbox:
             params["properties"]["timeout"]["description"] = (
                 f"Seconds before the command is killed (default {self._bash_timeout:g}, "
                 f"at most {self._max_bash_timeout:g})."
+            )
+        elif name == "python":
+            params["properties"]["timeout"]["description"] = (
+                f"Seconds before the code is interrupted (default {self._python_timeout:g}, "
+                f"at most {self._max_python_timeout:g})."
             )
         return {
             "type": "function",
@@ -494,6 +584,33 @@ class Toolbox:
             return self._open_instruct_result("execute_bash", status, exc.result, is_error=True)
         return self._open_instruct_result(
             "execute_bash", str(result.returncode), result, is_error=result.returncode != 0
+        )
+
+    async def _python(self, args: _Python) -> ToolResult:
+        asked = self._python_timeout if isinstance(args.timeout, UnsetType) else args.timeout
+        timeout = min(asked, self._max_python_timeout)
+        status = ""
+        try:
+            execution = await self.sandbox.run_code(
+                args.code, timeout=timeout, max_output_bytes=self._output_bytes
+            )
+        except ExecTimeout as exc:
+            if exc.execution is None:  # not the code's own: cannot be
+                raise
+            execution = exc.execution
+            status = (
+                f"timed out after {timeout:g}s (interrupted: the interpreter keeps its state); "
+                "output so far:\n"
+                if not execution.restarted
+                else f"timed out after {timeout:g}s and did not stop when interrupted: the "
+                "interpreter was restarted; output so far:\n"
+            )
+        text, images = _execution_text(execution)
+        return self._result(
+            "python",
+            status + text,
+            is_error=bool(status) or execution.error is not None,
+            images=images,
         )
 
     def _open_instruct_result(
@@ -732,6 +849,41 @@ def _parse(name: str, arguments: object, kind: type[_Args]) -> _Args:
 
 def _decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
+
+
+def _execution_text(execution: Execution) -> tuple[str, tuple[ToolImage, ...]]:
+    """What a ``python`` call shows the model (see the module docstring), and its images."""
+    parts: list[str] = []
+    out, err = "".join(execution.logs.stdout), "".join(execution.logs.stderr)
+    if out:
+        parts.append(out if out.endswith("\n") else out + "\n")
+    if err:
+        parts.append("[stderr]\n" + (err if err.endswith("\n") else err + "\n"))
+    images: list[ToolImage] = []
+    for result in execution.results:
+        image = next(
+            (
+                ToolImage(mime_type=mime, data=data)
+                for field, mime in _IMAGE_TYPES
+                if (data := getattr(result, field)) is not None
+            ),
+            None,
+        )
+        if image is not None:
+            images.append(image)
+            shown = f"[image {len(images)}: {image.mime_type}, shown as an image]"
+        else:
+            shown = result.text if result.text is not None else f"[{', '.join(result.formats())}]"
+        parts.append(f"Out: {shown}\n")
+    if execution.error is not None:
+        error = execution.error
+        parts.append(error.traceback or f"{error.name}: {error.value}\n")
+    if execution.restarted:
+        parts.append(
+            "[note: the interpreter was restarted: variables and imports of earlier calls "
+            "are gone]\n"
+        )
+    return "".join(parts) or "(no output)", tuple(images)
 
 
 def _output(result: ExecResult) -> str:

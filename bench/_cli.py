@@ -17,7 +17,7 @@ from ._orchestrate import Job, Run
 from ._systems import DOCKER_SYSTEMS, SYSTEMS, Unavailable, features
 
 RESULTS = Path(__file__).resolve().parent / "results"
-IMAGE = "asyncsandbox-test:bookworm"
+IMAGE = "asyncsandbox-test:bookworm-2"
 WORKLOADS = ("exec", "lifecycle", "rollout", "scale", "overhead")
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
@@ -382,5 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         from . import _fork
 
         return _fork.main(argv[1:])
+    if argv and argv[0] == "interpreter":
+        from . import _interpreter
+
+        return _interpreter.main(argv[1:])
     args = parser().parse_args(argv)
     return run(args, argv)

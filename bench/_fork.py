@@ -198,7 +198,7 @@ def main(argv: list[str]) -> int:
         prog="python -m bench fork", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--backend", default="process", choices=["process", "docker"])
-    parser.add_argument("--image", default="asyncsandbox-test:bookworm", help="Docker image")
+    parser.add_argument("--image", default="asyncsandbox-test:bookworm-2", help="Docker image")
     parser.add_argument("-n", type=int, default=8, help="sandboxes (default 8)")
     parser.add_argument("--files", type=int, default=2000, help="repository files")
     parser.add_argument("--megabytes", type=int, default=50, help="size of the packages")

@@ -49,7 +49,7 @@ from . import _machine
 from ._stats import summary
 
 RESULTS = Path(__file__).resolve().parent / "results"
-IMAGE = "asyncsandbox-test:bookworm"
+IMAGE = "asyncsandbox-test:bookworm-2"
 TIME_LIMIT = 2.0
 
 HARNESS = """

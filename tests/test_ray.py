@@ -252,6 +252,49 @@ async def test_trio_driver(ray_cluster: Cluster) -> None:
     )
 
 
+# -- the code interpreter -----------------------------------------------------------------
+
+
+async def test_run_code_runs_on_the_sandboxs_node(ray_cluster: Cluster) -> None:
+    """run_code goes to the node (its agent's interpreter over the local sandbox): state,
+    events as they come, a timeout that keeps the state, contexts, and nothing left when
+    the sandbox goes."""
+    from asyncsandbox import ExecTimeout, OutputMessage, SandboxDefaults
+
+    options = ray_cluster.options(resources={"asb_w1": 1})
+    defaults = SandboxDefaults(env={"FROM_SPEC": "yes"})
+    async with (
+        Session("ray", backend_options=options, defaults=defaults) as session,
+        session.sandbox() as sb,
+    ):
+        await sb.run_code("import os\nx = 40")
+        seen: list[str] = []
+
+        async def on_stdout(message: OutputMessage) -> None:
+            seen.append(message.line)
+
+        execution = await sb.run_code(
+            "print(os.environ['FROM_SPEC'], os.getcwd())\nx + 2", on_stdout=on_stdout
+        )
+        assert execution.text == "42"
+        assert seen == ["yes /workspace\n"]
+        with pytest.raises(ExecTimeout) as raised:
+            await sb.run_code("import time\ntime.sleep(60)", timeout=1)
+        assert raised.value.execution is not None
+        assert raised.value.execution.error is not None
+        assert raised.value.execution.error.name == "KeyboardInterrupt"
+        assert (await sb.run_code("x")).text == "40"
+        context = await sb.create_code_context(cwd="/tmp")
+        assert (await sb.run_code("import os; os.getcwd()", context=context)).text == "'/tmp'"
+        assert {c.id for c in await sb.list_code_contexts()} == {"default", context.id}
+        await sb.remove_code_context(context)
+        assert [c.id for c in await sb.list_code_contexts()] == ["default"]
+        async with sb.run_code_stream("print('a')\n1") as stream:
+            events = [event async for event in stream]
+        assert [type(e).__name__ for e in events] == ["OutputMessage", "Result"]
+        assert (await _where(sb))["node_id"] == _node_of("asb_w1")
+
+
 # -- conformance --------------------------------------------------------------------------
 
 

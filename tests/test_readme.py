@@ -19,7 +19,11 @@ def test_readme_has_both_quickstarts() -> None:
     assert any("trio.run(" in b for b in RUNNABLE)
 
 
-@pytest.mark.parametrize("code", RUNNABLE, ids=lambda c: "trio" if "trio.run" in c else "asyncio")
+def _name(code: str) -> str:
+    return "trio" if "trio.run" in code else "interpreter" if "run_code" in code else "asyncio"
+
+
+@pytest.mark.parametrize("code", RUNNABLE, ids=_name)
 def test_readme_example_runs(code: str) -> None:
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, timeout=120, check=False
@@ -28,6 +32,13 @@ def test_readme_example_runs(code: str) -> None:
     assert b"Traceback" not in done.stderr
     if "hello from trio" in code:
         assert done.stdout == b"hello from trio\n"
+    elif "run_code" in code:  # the code interpreter's example
+        assert done.stdout.decode().splitlines() == [
+            "['area:\\n'] 12.566370614359172",
+            "ZeroDivisionError 2",
+            "KeyboardInterrupt 3",
+            "False",
+        ]
     else:
         assert b"0 45" in done.stdout
         # Killed at its 1 s timeout, not before (when it says so on a busy machine, as CI's

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import io
+import json
 import os
 import re
 import secrets
@@ -887,6 +888,81 @@ def test_a_transfer_that_finds_its_sandbox_dead_marks_it_dead(
         assert alice.delete(base).status_code == 204
 
 
+# -- the code interpreter (its semantics: tests/test_interpreter.py, remote included) -------
+
+
+def _code_frames(response: httpx.Response) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in response.iter_lines() if line]
+
+
+def test_run_code_streams_ndjson_frames(process_server: Server) -> None:
+    with process_server.client(ALICE) as alice:
+        sandbox_id = _create(alice)
+        base = f"/v1/sandboxes/{sandbox_id}/code"
+        body = {"code": "x = 20\nprint('hi')\ndisplay(1)\nx + 22", "env": {"A": "b"}}
+        with alice.stream("POST", f"{base}/run", json=body) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"] == "application/x-ndjson"
+            frames = _code_frames(response)
+        assert [f["type"] for f in frames] == ["OutputMessage", "Result", "Result", "end"]
+        assert frames[0]["line"] == "hi\n"
+        assert frames[0]["error"] is False
+        execution = frames[-1]["execution"]
+        assert execution["results"][-1]["text"] == "42"
+        assert execution["results"][-1]["is_main_result"] is True
+        assert execution["logs"]["stdout"] == ["hi\n"]
+        assert execution["context_id"] == "default"
+        # The state is the context's, from one request to the next.
+        with alice.stream("POST", f"{base}/run", json={"code": "x"}) as response:
+            assert _code_frames(response)[-1]["execution"]["results"][0]["text"] == "20"
+        # A timeout is data, as the client raises it.
+        slow = {"code": "import time; time.sleep(60)", "timeout": 0.5}
+        with alice.stream("POST", f"{base}/run", json=slow) as response:
+            end = _code_frames(response)[-1]
+        assert end["execution"]["timed_out"] is True
+        assert end["execution"]["error"]["name"] == "KeyboardInterrupt"
+        # Contexts.
+        created = alice.post(f"{base}/contexts", json={"cwd": "/tmp"})
+        assert created.status_code == 201, created.text
+        context = created.json()
+        assert context["cwd"] == "/tmp"
+        assert context["language"] == "python"
+        listed = alice.get(f"{base}/contexts").json()["items"]
+        assert {c["id"] for c in listed} == {"default", context["id"]}
+        restarted = alice.post(f"{base}/contexts/{context['id']}/restart")
+        assert restarted.status_code == 204
+        assert alice.delete(f"{base}/contexts/{context['id']}").status_code == 204
+        unknown = alice.post(f"{base}/run", json={"code": "1", "context": context["id"]})
+        assert unknown.status_code == 400
+        assert unknown.json()["error"]["code"] == "invalid_argument"
+        assert alice.delete(f"{base}/contexts/{context['id']}").status_code == 400
+        bad = alice.post(f"{base}/contexts", json={"cwd": "/no/such/directory"})
+        assert bad.status_code == 400, bad.text
+        # Another tenant's sandbox does not exist for it.
+        with process_server.client(BOB) as bob:
+            assert bob.post(f"{base}/run", json={"code": "x"}).status_code == 404
+            assert bob.get(f"{base}/contexts").status_code == 404
+        alice.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
+def test_closing_the_run_code_stream_interrupts_the_code(process_server: Server) -> None:
+    code = "kept = 'yes'\nimport time\nprint('started', flush=True)\ntime.sleep(600)"
+    with process_server.client(ALICE) as alice:
+        sandbox_id = _create(alice)
+        base = f"/v1/sandboxes/{sandbox_id}/code"
+        with alice.stream("POST", f"{base}/run", json={"code": code}) as response:
+            lines = response.iter_lines()
+            assert json.loads(next(lines))["line"] == "started\n"
+        # The connection is closed: the server interrupts the code (KeyboardInterrupt, as
+        # a notebook's interrupt), and the context keeps its state. The next call waits for
+        # the interrupted one to end (one call at a time in a context).
+        with alice.stream("POST", f"{base}/run", json={"code": "kept"}) as response:
+            execution = _code_frames(response)[-1]["execution"]
+        assert execution["results"][0]["text"] == "'yes'"
+        assert execution["restarted"] is False
+        alice.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
 # -- cancellation, leases, shutdown -------------------------------------------------------
 
 
@@ -1112,11 +1188,23 @@ def test_openapi_document(process_server: Server) -> None:
         document = client.get("/openapi.json").json()
     assert document["openapi"] == "3.1.0"
     schemas = document["components"]["schemas"]
-    for name in ("CreateSandbox", "ExecRequest", "ExecResponse", "ErrorResponse", "ExecFrame"):
+    for name in (
+        "CreateSandbox",
+        "ExecRequest",
+        "ExecResponse",
+        "ErrorResponse",
+        "ExecFrame",
+        "CodeRequest",
+        "CodeFrame",
+        "Execution",
+    ):
         assert name in schemas
     assert "forbid" not in str(schemas)  # wire types never reject unknown fields
     paths = document["paths"]
     assert "post" in paths["/v1/sandboxes/{sandbox_id}/exec/stream"]
+    code_run = paths["/v1/sandboxes/{sandbox_id}/code/run"]["post"]
+    ndjson = code_run["responses"]["200"]["content"]["application/x-ndjson"]["schema"]
+    assert ndjson == {"$ref": "#/components/schemas/CodeFrame"}
     assert paths["/v1/health"]["get"]["security"] == []
     generated = openapi(document["info"]["version"])
     assert document == msgspec.json.decode(msgspec.json.encode(generated))  # what is fuzzed
@@ -1249,8 +1337,9 @@ def _fuzz_test() -> Any:
             fuzz_target.calls += 1
             if fuzz_target.calls % 2:  # half the calls reach a real sandbox of the tenant
                 case.path_parameters["sandbox_id"] = fuzz_target.alive_id()
-        if isinstance(case.body, dict) and "argv" in case.body:
-            # Generated commands run for real: bound them (a generated `sh` may loop forever).
+        if isinstance(case.body, dict) and ("argv" in case.body or "code" in case.body):
+            # Generated commands and code run for real: bound them (a generated `sh` may
+            # loop forever).
             case.body["timeout"] = 2
             case.body.pop("max_output_bytes", None)
         response = case.call(

@@ -483,6 +483,8 @@ ASYNC_ONLY = {
     },
     "Sandbox": {
         "exec_stream": "streams output to an async iterator; sync code uses exec()",
+        "run_code_stream": "streams events to an async iterator; sync code uses run_code()'s "
+        "callbacks",
         "put_archive": "consumes an async iterable of tar chunks; sync code uses upload()",
         "get_archive": "yields an async iterator of tar chunks; sync code uses download()",
         "aclose": "the async resource protocol (an alias of stop())",

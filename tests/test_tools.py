@@ -4,6 +4,7 @@ trio; behaviour runs on the process backend, failures are scripted on the FakeBa
 
 from __future__ import annotations
 
+import base64
 import inspect
 import json
 import re
@@ -116,9 +117,9 @@ def test_public_surface_is_exported_and_documented() -> None:
 async def test_schemas_are_openai_tool_definitions() -> None:
     async with fake_toolbox(tests=["true"]) as toolbox:
         schemas = toolbox.schemas()
-        # All but execute_bash, which is offered only when asked for.
+        # All but execute_bash and python, which are offered only when asked for.
         assert [s["function"]["name"] for s in schemas] == [
-            n for n in TOOL_NAMES if n != "execute_bash"
+            n for n in TOOL_NAMES if n not in ("execute_bash", "python")
         ]
         json.dumps(schemas)  # plain JSON
         for schema in schemas:
@@ -318,6 +319,80 @@ async def test_observations_are_bounded_and_decoded(process_root: Path) -> None:
 
 
 # -- files ------------------------------------------------------------------------------------
+
+
+async def test_python_keeps_state_and_shows_values_output_and_errors(process_root: Path) -> None:
+    async with process_toolbox(process_root, tools=["python"]) as toolbox:
+        (schema,) = toolbox.schemas()
+        params = schema["function"]["parameters"]
+        assert params["required"] == ["code"]
+        assert "default 30, at most 600" in params["properties"]["timeout"]["description"]
+        first = await toolbox.call("python", {"code": "import math\nx = 6 * 7\nprint('set', x)"})
+        assert first.observation == "set 42\n"
+        assert not first.is_error
+        assert first.images == ()
+        shown = await toolbox.call("python", json.dumps({"code": "x + 1"}))
+        assert shown.observation == "Out: 43\n"
+        mixed = await toolbox.call(
+            "python",
+            {"code": "import sys\nprint('out')\nprint('err', file=sys.stderr)\ndisplay('d')\nx"},
+        )
+        assert mixed.observation == "out\n[stderr]\nerr\nOut: 'd'\nOut: 42\n"
+        failed = await toolbox.call("python", {"code": "print('before')\n1 / 0"})
+        assert failed.is_error
+        assert not failed.infrastructure_error
+        assert failed.observation.startswith("before\nTraceback (most recent call last):")
+        assert failed.observation.endswith("ZeroDivisionError: division by zero\n")
+        assert (await toolbox.call("python", {"code": "x"})).observation == "Out: 42\n"
+        assert (await toolbox.call("python", {"code": "y = 1"})).observation == "(no output)"
+        bad = await toolbox.call("python", {"command": "x"})
+        assert "invalid arguments for python" in model_error(bad)
+
+
+async def test_python_images_come_back_as_data(process_root: Path) -> None:
+    png = b"\x89PNG\r\n\x1a\n-fake-image"
+    code = f"class Picture:\n    def _repr_png_(self): return {png!r}\nPicture()"
+    async with process_toolbox(process_root, tools=["python"]) as toolbox:
+        result = await toolbox.call("python", {"code": code})
+        assert result.observation == "Out: [image 1: image/png, shown as an image]\n"
+        (image,) = result.images
+        assert image.mime_type == "image/png"
+        assert image.data == png
+        assert base64.b64decode(image.base64) == png
+        assert image.data_url == "data:image/png;base64," + base64.b64encode(png).decode()
+        tool_message, user_message = result.messages("call-1")
+        assert tool_message == result.message("call-1")
+        assert user_message["role"] == "user"
+        parts = user_message["content"]
+        assert parts[0]["type"] == "text"
+        assert parts[1] == {"type": "image_url", "image_url": {"url": image.data_url}}
+        json.dumps(result.messages("call-1"))  # plain JSON for a chat API
+        plain = await toolbox.call("python", {"code": "1"})
+        assert plain.messages("call-2") == [plain.message("call-2")]
+
+
+async def test_python_timeout_interrupts_and_the_state_stays(process_root: Path) -> None:
+    async with process_toolbox(
+        process_root, tools=["python"], python_timeout=1, max_python_timeout=2
+    ) as toolbox:
+        await toolbox.call("python", {"code": "kept = 'yes'"})
+        slow = await toolbox.call(
+            "python", {"code": "import time\nprint('started', flush=True)\ntime.sleep(60)"}
+        )
+        assert slow.is_error
+        assert slow.observation.startswith(
+            "timed out after 1s (interrupted: the interpreter keeps its state); output so far:"
+            "\nstarted\nTraceback"
+        )
+        assert "KeyboardInterrupt" in slow.observation
+        capped = await toolbox.call("python", {"code": "time.sleep(60)", "timeout": 100})
+        assert capped.observation.startswith("timed out after 2s")
+        assert (await toolbox.call("python", {"code": "kept"})).observation == "Out: 'yes'\n"
+        died = await toolbox.call("python", {"code": "import os; os._exit(1)"})
+        assert died.is_error
+        assert not died.infrastructure_error  # the code's doing
+        assert "InterpreterDied" in died.observation
+        assert "the interpreter was restarted" in died.observation
 
 
 async def test_read_file(process_root: Path) -> None:

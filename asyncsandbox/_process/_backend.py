@@ -32,7 +32,7 @@ from .._errors import (
 )
 from .._log import get_logger
 from .._models import SandboxInfo, SandboxStatus, SnapshotInfo
-from .._shellfiles import ShellFiles, ShellProcess
+from .._shellfiles import InteractiveProcess, ShellFiles
 from .._util import single_error
 from ..abc import (
     Backend,
@@ -330,6 +330,7 @@ class ProcessBackend(Backend):
             # Without isolation, a command's daemons leave its process group: a reset
             # could not be sure that none survives.
             reset=mechanism.isolated,
+            interactive=True,
         )
         get_logger().debug(
             "process.backend.ready",
@@ -823,16 +824,17 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
                     self._check_alive()
                     raise self._launch_error(returncode, run.stderr.launcher_output)
                 yield run
-            except BaseException:
-                # Shielded and bounded: the command's whole tree must be gone before we
-                # return; an executor that does not confirm it is given up (with every
-                # command of the sandbox: that is the only way to be sure).
+            finally:
+                # Whenever the block exits before the command ended (an error, a
+                # cancellation, or a caller done with it: an interactive process), its
+                # whole tree must be gone before we return. Shielded and bounded; an
+                # executor that does not confirm it is given up (with every command of the
+                # sandbox: that is the only way to be sure). A no-op for an ended command.
                 with anyio.CancelScope(shield=True):
                     with anyio.move_on_after(self._backend.timeouts.cleanup) as scope:
                         await executor.kill(run.command)
                     if scope.cancelled_caught:
                         await self._drop_executor(executor)
-                raise
         finally:
             run.close()
 
@@ -995,14 +997,18 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         )
         return error
 
-    # -- files -----------------------------------------------------------------------------
+    # -- interactive processes (file operations, the code interpreter) ----------------------
 
     @asynccontextmanager
-    async def shell(
-        self, script: str, args: Sequence[str], *, stdin: bool
-    ) -> AsyncIterator[ShellProcess]:
-        argv = ("/bin/sh", "-c", script, "sh", *args)
-        async with self._started(argv, "/", {"LC_ALL": "C"}, stdin) as run:
+    async def interact(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bool = True,
+    ) -> AsyncIterator[InteractiveProcess]:
+        async with self._started(argv, cwd, env, stdin) as run:
             started = _Script(run)
             with single_error():
                 async with anyio.create_task_group() as tg:
@@ -1175,7 +1181,7 @@ async def _terminate(process: Child) -> None:
 
 
 class _Script:
-    """A file-operation script (:class:`ShellProcess`): a started command whose stderr
+    """An interactive process (:class:`InteractiveProcess`): a started command whose stderr
     (its first 4 KiB) says why it failed. Run :meth:`read_stderr` alongside."""
 
     def __init__(self, run: _Run) -> None:

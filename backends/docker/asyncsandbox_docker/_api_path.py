@@ -27,7 +27,7 @@ from asyncsandbox import (
     SandboxError,
     SandboxFileError,
 )
-from asyncsandbox.abc import ExitStatus, OutputCallback
+from asyncsandbox.abc import ExitStatus, InteractiveProcess, OutputCallback
 from asyncsandbox.log import get_logger
 
 from . import _tar
@@ -186,6 +186,25 @@ class ApiPath(Path):
             if died is not probe:
                 raise died
         return ExitStatus(returncode=int(code), oom_killed=oom)
+
+    @asynccontextmanager
+    async def interact(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bool = True,
+    ) -> AsyncIterator[InteractiveProcess]:
+        # An Engine API exec's stdin is the hijacked connection, which cannot be closed
+        # for writing alone: the stream a process needs is the executor's (the fast path).
+        raise LaunchError(
+            f"sandbox {self._container.name}: an interactive process (the code interpreter) "
+            "needs the sandbox's executor: the Docker backend's fast path, which this sandbox "
+            "does not have (fast_path=False, an attached sandbox, or its executor failed)",
+            retryable=False,
+        )
+        yield  # type: ignore[unreachable]  # an async generator that raises on entering
 
     async def _launch_failure(self, token: str) -> LaunchError | None:
         """Why the shepherd run under ``token`` could not start its command, if it could not

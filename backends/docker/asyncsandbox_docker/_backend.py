@@ -130,6 +130,7 @@ class DockerBackend(Backend):
             reports_signal=fast_path,
             snapshots=True,
             reset=recyclable,
+            interactive=fast_path,
         )
 
     @property

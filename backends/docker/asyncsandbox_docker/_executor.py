@@ -15,7 +15,7 @@ import json
 import struct
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Self
 
 import anyio
 import anyio.abc
@@ -126,14 +126,9 @@ class Job:
         return self.status
 
 
-class ShellJob:
-    """A :class:`Job` seen as the ``ShellProcess`` that ``ShellFiles`` expects.
-
-    File operations have no deadline (they may move gigabytes), but their scripts are never
-    silent for long: when nothing at all came from the executor for a call deadline while
-    one waits, the executor (or the daemon relaying it) has stalled, and waiting longer
-    would wait forever.
-    """
+class JobProcess:
+    """A :class:`Job` seen as an ``InteractiveProcess``: its stdout as it comes, its
+    stderr collected (the first 4 KiB)."""
 
     def __init__(self, job: Job) -> None:
         self._job = job
@@ -144,7 +139,7 @@ class ShellJob:
     async def close_stdin(self) -> None:
         await self._job.close_stdin()
 
-    def __aiter__(self) -> ShellJob:
+    def __aiter__(self) -> Self:
         return self
 
     async def __anext__(self) -> bytes:
@@ -156,22 +151,34 @@ class ShellJob:
         raise StopAsyncIteration
 
     async def _next(self) -> tuple[int, bytes] | None:
-        executor = self._job._executor
-        while True:
-            deadline = executor._engine.call_deadline
-            with anyio.move_on_after(deadline):
-                try:
-                    return await anext(self._job)
-                except StopAsyncIteration:
-                    return None
-            if executor.silent_for() >= deadline:
-                raise await executor.stalled()
+        try:
+            return await anext(self._job)
+        except StopAsyncIteration:
+            return None
 
     async def wait(self) -> tuple[int, bytes]:
         async for _ in self:
             pass
         assert self._job.status is not None
         return int(self._job.status["returncode"]), bytes(self._job.stderr)
+
+
+class ShellJob(JobProcess):
+    """A file operation's script: file operations have no deadline (they may move
+    gigabytes), but their scripts are never silent for long: when nothing at all came from
+    the executor for a call deadline while one waits, the executor (or the daemon relaying
+    it) has stalled, and waiting longer would wait forever. (The code interpreter's runner,
+    a plain :class:`JobProcess`, may be silent as long as it likes.)
+    """
+
+    async def _next(self) -> tuple[int, bytes] | None:
+        executor = self._job._executor
+        while True:
+            deadline = executor._engine.call_deadline
+            with anyio.move_on_after(deadline):
+                return await super()._next()
+            if executor.silent_for() >= deadline:
+                raise await executor.stalled()
 
 
 class Executor:

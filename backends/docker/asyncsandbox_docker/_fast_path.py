@@ -5,33 +5,53 @@ is served by the Engine API path for the rest of its life."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import anyio
 
 from asyncsandbox import BackendUnavailable, SandboxDied
-from asyncsandbox.abc import ExitStatus, OutputCallback, ShellFiles, ShellProcess
+from asyncsandbox.abc import ExitStatus, InteractiveProcess, OutputCallback, ShellFiles
 
 from ._api_path import ApiPath
-from ._executor import Executor, ShellJob
+from ._executor import Executor, Job, JobProcess, ShellJob
 from ._sandbox import Container, Path
 
 
 class ExecutorFiles(ShellFiles):
-    """The file operations as ``sh`` scripts run by the executor."""
+    """Interactive processes (the code interpreter's runner) and the file operations (as
+    ``sh`` scripts) through the executor."""
 
     def __init__(self, container: Container, executor: Executor) -> None:
         self._container = container
         self._executor = executor
 
     @asynccontextmanager
+    async def interact(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bool = True,
+    ) -> AsyncIterator[InteractiveProcess]:
+        async with self._job(argv, cwd=cwd, env=env, stdin=stdin) as job:
+            yield JobProcess(job)
+
+    @asynccontextmanager
     async def shell(
         self, script: str, args: Sequence[str], *, stdin: bool
-    ) -> AsyncIterator[ShellProcess]:
+    ) -> AsyncIterator[InteractiveProcess]:
         argv = ("/bin/sh", "-c", script, "sh", *args)
+        async with self._job(argv, cwd="/", env={"LC_ALL": "C"}, stdin=stdin) as job:
+            yield ShellJob(job)  # with a watchdog: a file operation is never silent for long
+
+    @asynccontextmanager
+    async def _job(
+        self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str], stdin: bool
+    ) -> AsyncIterator[Job]:
         try:
-            async with self._executor.open(argv, cwd="/", env={"LC_ALL": "C"}, stdin=stdin) as job:
-                yield ShellJob(job)
+            async with self._executor.open(argv, cwd=cwd, env=env, stdin=stdin) as job:
+                yield job
         except BackendUnavailable as exc:
             raise await self._container.died(exc) from exc
 
@@ -75,6 +95,16 @@ class FastPath(Path):
         if status.signal == 9 and not oom:  # the executor could not read the cgroup
             oom = await container.ooms.since(container.name, oom_before)
         return ExitStatus(returncode=status.returncode, signal=status.signal, oom_killed=oom)
+
+    def interact(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bool = True,
+    ) -> AbstractAsyncContextManager[InteractiveProcess]:
+        return self._files.interact(argv, cwd=cwd, env=env, stdin=stdin)
 
     async def read_file(self, path: str, *, max_bytes: int) -> bytes:
         return await self._files.read_file(path, max_bytes=max_bytes)

@@ -34,7 +34,7 @@ from asyncsandbox import (
     SandboxOOMKilled,
     SandboxStatus,
 )
-from asyncsandbox.abc import ExitStatus, OutputCallback, SandboxHandle
+from asyncsandbox.abc import ExitStatus, InteractiveProcess, OutputCallback, SandboxHandle
 from asyncsandbox.log import get_logger
 
 from ._engine import Engine
@@ -217,6 +217,16 @@ class Path(metaclass=ABCMeta):
     ) -> ExitStatus: ...
 
     @abstractmethod
+    def interact(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bool = True,
+    ) -> AbstractAsyncContextManager[InteractiveProcess]: ...
+
+    @abstractmethod
     async def read_file(self, path: str, *, max_bytes: int) -> bytes: ...
 
     @abstractmethod
@@ -272,6 +282,17 @@ class DockerSandbox(SandboxHandle):
         self._container.check()
         path = self._path.serving()
         return await path.exec(argv, cwd=cwd, env=env, stdin=stdin, on_output=on_output)
+
+    def interact(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bool = True,
+    ) -> AbstractAsyncContextManager[InteractiveProcess]:
+        self._container.check()
+        return self._path.serving().interact(argv, cwd=cwd, env=env, stdin=stdin)
 
     async def read_file(self, path: str, *, max_bytes: int) -> bytes:
         self._container.check()

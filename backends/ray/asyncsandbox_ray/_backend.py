@@ -31,6 +31,8 @@ from anyio import TypedAttributeSet, typed_attribute
 
 from asyncsandbox import (
     BackendUnavailable,
+    CodeContext,
+    Execution,
     InvalidArgument,
     SandboxDied,
     SandboxError,
@@ -40,6 +42,8 @@ from asyncsandbox import (
 from asyncsandbox.abc import (
     Backend,
     BackendCapabilities,
+    CodeEventCallback,
+    CodeRequest,
     ExitStatus,
     OutputCallback,
     SandboxHandle,
@@ -332,7 +336,7 @@ class RayBackend(Backend):
                     log.debug("ray.create.abandon_failed", node=node_id, error=repr(exc))
             raise
         actor.created.remote(token)  # fire and forget: only frees the token
-        return RaySandbox(self, actor, node_id, local_id)
+        return RaySandbox(self, actor, node_id, local_id, spec.workdir, spec.env)
 
     async def attach(self, sandbox_id: str) -> SandboxHandle:
         match = _ID.fullmatch(sandbox_id)
@@ -370,13 +374,28 @@ class RayBackend(Backend):
 
 
 class RaySandbox(SandboxHandle):
-    def __init__(self, backend: RayBackend, actor: Any, node_id: str, local_id: str) -> None:
+    """A sandbox on a node. A :class:`~asyncsandbox.abc.CodeInterpreter`: its code runs on
+    its node, in the node agent's interpreter over the local sandbox (the driver polls
+    the call's events as it polls a command's output)."""
+
+    def __init__(
+        self,
+        backend: RayBackend,
+        actor: Any,
+        node_id: str,
+        local_id: str,
+        workdir: str = "/workspace",
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self._backend = backend
         self._actor = actor
         self._node_id = node_id
         self._local = local_id
         self._id = f"r-{node_id[:16]}-{local_id}"
         self._removed = False
+        # Where its interpreter starts, and with what environment (an attached sandbox's
+        # are not known here: the defaults).
+        self._code_home = (workdir, dict(env or {}))
 
     @property
     def id(self) -> str:
@@ -442,6 +461,59 @@ class RaySandbox(SandboxHandle):
                     except Exception as exc:  # noqa: BLE001 - the node is gone: so is the command
                         log.debug("ray.exec.kill_failed", sandbox=self._id, error=repr(exc))
             raise
+
+    # -- the code interpreter ---------------------------------------------------------
+
+    async def run_code(self, request: CodeRequest, *, on_event: CodeEventCallback) -> Execution:
+        run_id = uuid.uuid4().hex
+        execution: Execution | None = None
+        error: Any = None
+        try:
+            events, execution, error = await self._call(
+                "code_start", run_id, request, *self._code_home, wait=POLL_WAIT + CALL_GRACE
+            )
+            while True:
+                for event in events:
+                    await on_event(event)
+                if error is not None:
+                    raise error_from_wire(error, sandbox_id=self._id)
+                if execution is not None:
+                    return execution
+                with _ray_errors(self._id, "run_code"):
+                    ref = self._actor.code_poll.remote(run_id)
+                    events, execution, error = await _result(ref, POLL_WAIT + CALL_GRACE)
+        except BaseException:
+            if execution is None and error is None:
+                # Shielded and bounded: the call is interrupted on its node (killed if it
+                # does not stop) before the cancellation (or error) goes on.
+                with (
+                    anyio.CancelScope(shield=True),
+                    anyio.move_on_after(self._backend.timeouts.cleanup),
+                ):
+                    try:
+                        await _result(self._actor.exec_kill.remote(run_id), None)
+                    except Exception as exc:  # noqa: BLE001 - the node is gone: so is the code
+                        log.debug("ray.run_code.kill_failed", sandbox=self._id, error=repr(exc))
+            raise
+
+    async def _contexts(self, op: str, *args: Any) -> Any:
+        return await self._call("code_contexts", *self._code_home, op, *args)
+
+    async def create_code_context(self, *, cwd: str, language: str) -> CodeContext:
+        context: CodeContext = await self._contexts("create", cwd, language)
+        return context
+
+    async def list_code_contexts(self) -> builtins.list[CodeContext]:
+        contexts: builtins.list[CodeContext] = await self._contexts("list")
+        return contexts
+
+    async def restart_code_context(self, context_id: str) -> None:
+        await self._contexts("restart", context_id)
+
+    async def remove_code_context(self, context_id: str) -> None:
+        await self._contexts("remove", context_id)
+
+    # -- files ---------------------------------------------------------------------------
 
     async def read_file(self, path: str, *, max_bytes: int) -> bytes:
         data: bytes = await self._call("read_file", path, max_bytes)

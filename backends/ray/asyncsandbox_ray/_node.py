@@ -29,8 +29,24 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from asyncsandbox import Resources, SandboxError, create_backend
-from asyncsandbox.abc import Backend, ExitStatus, SandboxHandle, SandboxSpec
+from asyncsandbox import (
+    CodeContext,
+    CodeEvent,
+    Execution,
+    InvalidArgument,
+    Resources,
+    SandboxError,
+    Timeouts,
+    create_backend,
+)
+from asyncsandbox.abc import (
+    Backend,
+    CodeRequest,
+    ExitStatus,
+    SandboxHandle,
+    SandboxInterpreter,
+    SandboxSpec,
+)
 
 from ._wire import WireError, error_to_wire
 
@@ -57,12 +73,14 @@ def _node_root(node: str) -> Path:
 
 
 class _Run:
-    """One command on this node: its task, its buffered output, how it ended."""
+    """One command (or ``run_code`` call) on this node: its task, its buffered output (or
+    events), how it ended."""
 
     def __init__(self) -> None:
-        self.chunks: list[tuple[str, bytes]] = []
+        self.chunks: list[Any] = []
         self.size = 0
         self.status: ExitStatus | None = None
+        self.execution: Execution | None = None
         self.error: WireError | None = None
         self.changed = asyncio.Event()
         self.drained = asyncio.Event()
@@ -72,17 +90,24 @@ class _Run:
 
     @property
     def ended(self) -> bool:
-        return self.status is not None or self.error is not None
+        return self.status is not None or self.execution is not None or self.error is not None
 
     async def output(self, stream: str, data: bytes) -> None:
+        await self._add((stream, data), len(data))
+
+    async def event(self, event: CodeEvent) -> None:
+        size = len(getattr(event, "line", "")) + len(getattr(event, "png", None) or b"")
+        await self._add(event, size + 64)
+
+    async def _add(self, item: Any, size: int) -> None:
         while self.size >= BUFFER_BYTES:  # backpressure: the command waits for the driver
             self.drained.clear()
             await self.drained.wait()
-        self.chunks.append((stream, data))
-        self.size += len(data)
+        self.chunks.append(item)
+        self.size += size
         self.changed.set()
 
-    def take(self) -> list[tuple[str, bytes]]:
+    def take(self) -> list[Any]:
         chunks, self.chunks, self.size = self.chunks, [], 0
         self.changed.clear()
         self.drained.set()
@@ -109,6 +134,9 @@ class NodeAgent:
         ] = {}  # create token -> sandbox, until acknowledged  # run ids killed before they started
         self._started = time.time()
         self._sweeper: asyncio.Task[None] | None = None
+        self._interpreters: dict[str, SandboxInterpreter] = {}  # by local id
+        self._services: anyio.abc.TaskGroup | None = None
+        self._serving: asyncio.Task[None] | None = None
 
     async def _open(self) -> Backend:
         async with self._lock:
@@ -122,8 +150,20 @@ class NodeAgent:
                 backend = create_backend(self._kind, options)
                 await backend.__aenter__()
                 self._backend = backend
-                self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+                loop = asyncio.get_running_loop()
+                self._sweeper = loop.create_task(self._sweep_forever())
+                ready = asyncio.Event()
+                self._serving = loop.create_task(self._serve(ready))
+                await ready.wait()
             return self._backend
+
+    async def _serve(self, ready: asyncio.Event) -> None:
+        """Hold the task group the code interpreters' runners live in (an actor's method
+        calls are tasks of their own: none outlives its call)."""
+        async with anyio.create_task_group() as tg:
+            self._services = tg
+            ready.set()
+            await anyio.sleep_forever()
 
     async def _handle(self, local_id: str) -> SandboxHandle:
         handle = self._handles.get(local_id)
@@ -234,6 +274,9 @@ class NodeAgent:
         return "ok", None
 
     async def _remove(self, local_id: str) -> None:
+        interpreter = self._interpreters.pop(local_id, None)
+        if interpreter is not None:  # its contexts end with it, before it is removed
+            await interpreter.aclose()
         handle = self._handles.pop(local_id, None)
         if handle is None:
             backend = await self._open()
@@ -320,12 +363,7 @@ class NodeAgent:
         run = self._runs.get(run_id)
         if run is None:
             return [], None, ("died", {"id": "?", "reason": "the command is unknown on the node"})
-        run.polled = time.monotonic()
-        if not run.chunks and not run.ended:
-            with anyio.move_on_after(POLL_WAIT):
-                await run.changed.wait()
-            if not run.ended:
-                await asyncio.sleep(LINGER)  # gather a little more output per round trip
+        await self._wait(run)
         chunks = run.take()
         if run.status is None and run.error is None:
             return chunks, None, None
@@ -351,6 +389,100 @@ class NodeAgent:
         except Exception:  # noqa: BLE001, S110 - it ended some other way: it is gone all the same
             pass
 
+    # -- the code interpreter: runs here, next to the sandbox -------------------------------
+
+    async def _interpreter(self, local_id: str, workdir: str, env: dict[str, str]) -> Any:
+        interpreter = self._interpreters.get(local_id)
+        if interpreter is None:
+            handle = await self._handle(local_id)
+            backend = await self._open()
+            if not backend.capabilities.interactive:
+                raise InvalidArgument(f"the node's {self._kind!r} backend cannot run code")
+            assert self._services is not None
+            timeouts: Timeouts = backend.timeouts
+            interpreter = self._interpreters[local_id] = SandboxInterpreter(
+                handle,
+                services=self._services,
+                workdir=workdir,
+                env=env,
+                cleanup=timeouts.cleanup,
+                start_timeout=timeouts.operation,
+            )
+        return interpreter
+
+    async def code_start(
+        self, local_id: str, run_id: str, request: CodeRequest, workdir: str, env: dict[str, str]
+    ) -> Any:
+        """Start a ``run_code`` call; answer with its first poll (a short call's whole
+        execution, in one round trip), as :meth:`exec_start` does."""
+        if run_id in self._killed:
+            return "ok", ([], None, ("died", {"id": local_id, "reason": "cancelled"}))
+        try:
+            interpreter = await self._interpreter(local_id, workdir, env)
+        except SandboxError as exc:
+            return "error", error_to_wire(exc)
+        run = self._runs[run_id] = _Run()
+
+        async def call() -> None:
+            try:
+                run.execution = await interpreter.run_code(request, on_event=run.event)
+            except SandboxError as exc:
+                run.error = error_to_wire(exc)
+            except asyncio.CancelledError:
+                run.error = ("died", {"id": local_id, "reason": "the call was cancelled"})
+                raise
+            finally:
+                run.changed.set()
+
+        run.task = asyncio.get_running_loop().create_task(call())
+        run.task.add_done_callback(lambda _: None)
+        return "ok", await self.code_poll(run_id)
+
+    async def code_poll(self, run_id: str) -> Any:
+        """Events so far and, once the call ended, its ``(events, execution, error)``."""
+        run = self._runs.get(run_id)
+        if run is None:
+            return [], None, ("died", {"id": "?", "reason": "the call is unknown on the node"})
+        await self._wait(run)
+        events = run.take()
+        if not run.ended:
+            return events, None, None
+        del self._runs[run_id]
+        return events, run.execution, run.error
+
+    async def code_contexts(
+        self, local_id: str, workdir: str, env: dict[str, str], op: str, *args: Any
+    ) -> Any:
+        """A context operation: ``create`` (cwd, language), ``list``, ``restart`` and
+        ``remove`` (context id)."""
+        try:
+            interpreter = await self._interpreter(local_id, workdir, env)
+            if op == "create":
+                cwd, language = args
+                context: CodeContext = await interpreter.create_code_context(
+                    cwd=cwd, language=language
+                )
+                return "ok", context
+            if op == "list":
+                return "ok", await interpreter.list_code_contexts()
+            if op == "restart":
+                await interpreter.restart_code_context(args[0])
+            elif op == "remove":
+                await interpreter.remove_code_context(args[0])
+            else:
+                raise InvalidArgument(f"no context operation {op!r}")
+        except SandboxError as exc:
+            return "error", error_to_wire(exc)
+        return "ok", None
+
+    async def _wait(self, run: _Run) -> None:
+        run.polled = time.monotonic()
+        if not run.chunks and not run.ended:
+            with anyio.move_on_after(POLL_WAIT):
+                await run.changed.wait()
+            if not run.ended:
+                await asyncio.sleep(LINGER)  # gather a little more per round trip
+
     async def reap_orphans(self) -> int:
         """Kill commands nobody polled for ``ORPHAN_AFTER`` seconds."""
         now = time.monotonic()
@@ -367,6 +499,10 @@ class NodeAgent:
         """Stop commands and close the local backend (sandboxes stay; see ``sweep``)."""
         for rid in list(self._runs):
             await self.exec_kill(rid)
+        for local_id in list(self._interpreters):
+            await self._interpreters.pop(local_id).aclose()
+        if self._serving is not None:
+            self._serving.cancel()
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self._backend is not None:

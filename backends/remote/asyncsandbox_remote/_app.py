@@ -153,6 +153,13 @@ class RemoteServer:
         routes.append(
             Route("/run_code", self._endpoint("fusion_run_code", fusion.run_code), methods=["POST"])
         )
+        routes.append(
+            Route(
+                "/run_jupyter",
+                self._endpoint("fusion_run_jupyter", fusion.run_jupyter),
+                methods=["POST"],
+            )
+        )
         unsupported = self._endpoint("fusion_unsupported", fusion.unsupported)
         routes.extend(Route(path, unsupported, methods=["POST"]) for path in UNSUPPORTED_ROUTES)
         if e2b is not None:

@@ -32,6 +32,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Mapping
 from contextlib import aclosing, asynccontextmanager, suppress
 from typing import Any, Self, cast
+from urllib.parse import quote
 
 import anyio
 import anyio.abc
@@ -41,6 +42,8 @@ from anyio import TypedAttributeSet, typed_attribute
 
 from asyncsandbox import (
     BackendUnavailable,
+    CodeContext,
+    Execution,
     FileErrorReason,
     InfrastructureError,
     InvalidArgument,
@@ -56,6 +59,8 @@ from asyncsandbox import (
 from asyncsandbox.abc import (
     Backend,
     BackendCapabilities,
+    CodeEventCallback,
+    CodeRequest,
     ExitStatus,
     OutputCallback,
     SandboxHandle,
@@ -796,6 +801,119 @@ class RemoteSandbox(SandboxHandle):
                 return str(exc)
             return None
         return "no answer"
+
+    # -- the code interpreter: run where the sandbox is (a CodeInterpreter) ---------------
+
+    async def run_code(self, request: CodeRequest, *, on_event: CodeEventCallback) -> Execution:
+        """The whole call on the server (``POST .../code/run``), its events delivered as
+        its frames come. The server enforces the timeout (a timed-out execution comes back
+        as data); leaving early closes the connection, which interrupts the code there."""
+        api = self._backend.api
+        try:
+            async with api.stream(
+                "POST",
+                _sandbox_path(self._id, "/code/run"),
+                what="run_code",
+                sandbox_id=self._id,
+                content=w.CODE_REQUEST.encode(request),
+                headers=JSON_HEADERS,
+            ) as response:
+                return await self._code_frames(response, on_event)
+        except SandboxError as exc:
+            raise _died(exc) from exc.__cause__
+
+    async def _code_frames(
+        self, response: httpx.Response, on_event: CodeEventCallback
+    ) -> Execution:
+        """Deliver the events; return the execution of the end frame (or raise the error
+        of an error frame) once the stream is read to its end: the connection is reused,
+        and nothing of it is left to the garbage collector."""
+        buffer = bytearray()
+        base_url = self._backend.base_url
+        execution: Execution | None = None
+        error: SandboxError | None = None
+        try:
+            raw = cast(AsyncGenerator[bytes, None], response.aiter_raw())
+            async with aclosing(raw) as chunks:
+                async for chunk in chunks:
+                    buffer += chunk
+                    start = 0
+                    while (end := buffer.find(b"\n", start)) >= 0:
+                        line = bytes(buffer[start:end])
+                        start = end + 1
+                        if not line:
+                            continue
+                        try:
+                            frame = w.decode_code_frame(line)
+                        except msgspec.DecodeError as exc:
+                            raise InfrastructureError(
+                                f"invalid run_code frame from the server: {exc}"
+                            ) from None
+                        if isinstance(frame, w.CodeEndFrame):
+                            execution = frame.execution
+                        elif isinstance(frame, w.ErrorFrame):
+                            error = _mapped(
+                                500, frame.error, base_url=base_url, sandbox_id=self._id
+                            )
+                        elif frame is not None and not isinstance(frame, w.PingFrame):
+                            await on_event(frame)
+                    del buffer[:start]
+                    if len(buffer) > MAX_FRAME_BYTES:
+                        raise InfrastructureError("the server sent a run_code frame over 64 MiB")
+        except httpx.HTTPError as exc:
+            if execution is None and error is None:
+                raise _transport_error(exc, base_url, "run_code") from exc
+        if error is not None:
+            raise error
+        if execution is None:
+            raise InfrastructureError(
+                "the sandbox server ended the run_code stream without the execution",
+                retryable=False,
+            )
+        return execution
+
+    async def create_code_context(self, *, cwd: str, language: str) -> CodeContext:
+        response = await self._code_call(
+            "POST",
+            "/code/contexts",
+            "create code context",
+            content=w.NEW_CONTEXT.encode(w.NewCodeContext(cwd=cwd, language=language)),
+        )
+        context: CodeContext = _decode(w.CONTEXT, response)
+        return context
+
+    async def list_code_contexts(self) -> builtins.list[CodeContext]:
+        response = await self._code_call("GET", "/code/contexts", "list code contexts")
+        listed: w.CodeContextList = _decode(w.CONTEXTS, response)
+        return listed.items
+
+    async def restart_code_context(self, context_id: str) -> None:
+        await self._code_call(
+            "POST", f"/code/contexts/{quote(context_id, safe='')}/restart", "restart code context"
+        )
+
+    async def remove_code_context(self, context_id: str) -> None:
+        await self._code_call(
+            "DELETE", f"/code/contexts/{quote(context_id, safe='')}", "remove code context"
+        )
+
+    async def _code_call(
+        self, method: str, suffix: str, what: str, *, content: bytes | None = None
+    ) -> httpx.Response:
+        try:
+            return await self._backend.api.call(
+                method,
+                _sandbox_path(self._id, suffix),
+                what=what,
+                reconnect=True,
+                sandbox_id=self._id,
+                content=content,
+                headers=JSON_HEADERS if content is not None else None,
+            )
+        except SandboxError as exc:
+            raise _died(exc) from None
+
+    # -- files -------------------------------------------------------------------------
 
     async def read_file(self, path: str, *, max_bytes: int) -> bytes:
         try:

@@ -1,5 +1,6 @@
-"""SandboxFusion's ``POST /run_code`` on ``asyncsandbox serve``, for the unmodified
-``sandbox-fusion`` client (``sandbox_fusion.run_code``, ``run_code_async``) and verl's raw
+"""SandboxFusion's ``POST /run_code`` and ``POST /run_jupyter`` on ``asyncsandbox serve``,
+for the unmodified ``sandbox-fusion`` client (``sandbox_fusion.run_code``,
+``run_code_async``, ``run_jupyter``, ``run_jupyter_async``) and verl's raw
 ``requests.post(f"{url}/run_code", json=payload)``.
 
 Each request runs in a FRESH sandbox of the served backend, made through the server's
@@ -32,8 +33,20 @@ such as a sandbox that could not start, or a step that could not be launched, wh
 ``status`` is then ``Error``). The fusion client raises and retries on ``SandboxError``, as
 it does against SandboxFusion. Answers are ``application/json``, status 200; requests that
 cannot run (no key: 401, bad body or language: 400, quota: 429) get this server's JSON
-error. Routes of SandboxFusion that do not fit a sandbox runtime (``/run_jupyter`` and the
-dataset routes) answer 501 with a JSON error saying so.
+error. SandboxFusion's dataset routes, which do not fit a sandbox runtime, answer 501 with
+a JSON error saying so.
+
+``/run_jupyter`` runs its ``cells`` in order in one interpreter (``Sandbox.run_code``'s
+default context: state carries from one cell to the next, as in SandboxFusion's Jupyter
+kernel) in a fresh sandbox, after writing ``files``; every cell runs, whatever the ones
+before it raised. Each answers ``{stdout, stderr, display, error}``: ``display`` holds the
+MIME bundles of what it displayed (its last expression's included, as Jupyter's
+``execute_result``), ``error`` Jupyter's ``{ename, evalue, traceback}`` of what it raised.
+``cell_timeout`` (> 0) interrupts a cell as a notebook's interrupt does (its error is the
+``KeyboardInterrupt``) and goes on with the next; past ``total_timeout`` the run ends as
+SandboxFusion's does: status ``Failed``, the ``driver`` ``TimeLimitExceeded``, no cells.
+Otherwise the status is ``Success`` and the ``driver`` (SandboxFusion's kernel process, here
+the interpreter) ``Finished``. ``kernel`` must be ``python3``.
 
 Auth and quotas are this server's: the key as a bearer token or as the password of HTTP
 Basic (``http://user:KEY@host:port``: the only way an unmodified client can send one). A
@@ -45,8 +58,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
+import time
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 from msgspec import Meta
@@ -54,8 +69,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from asyncsandbox import (
+    ExecTimeout,
+    Execution,
     InfrastructureError,
     InvalidArgument,
+    Result,
     Sandbox,
     SandboxError,
     SandboxFileError,
@@ -84,7 +102,6 @@ log = get_logger("asyncsandbox.remote")
 
 
 UNSUPPORTED_ROUTES = (
-    "/run_jupyter",
     "/get_prompts",
     "/get_prompt_by_id",
     "/submit",
@@ -146,8 +163,38 @@ class RunCodeResponse(msgspec.Struct, kw_only=True):
     files: dict[str, str] = msgspec.field(default_factory=dict)
 
 
+class RunJupyterRequest(msgspec.Struct, kw_only=True):
+    """SandboxFusion's ``RunJupyterRequest``."""
+
+    cells: list[str]
+    cell_timeout: Annotated[float, Meta(ge=0, le=24 * 3600)] = 0.0
+    """Seconds per cell; 0: none (only the total)."""
+    total_timeout: Timeout = 45.0
+    kernel: str = "python3"
+    files: dict[str, str | None] = msgspec.field(default_factory=dict)
+    fetch_files: list[str] = msgspec.field(default_factory=list)
+
+
+class CellRunResult(msgspec.Struct, kw_only=True):
+    stdout: str = ""
+    stderr: str = ""
+    display: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    error: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+
+class RunJupyterResponse(msgspec.Struct, kw_only=True):
+    status: RunStatus
+    message: str = ""
+    driver: CommandRunResult | None = None
+    cells: list[CellRunResult] = msgspec.field(default_factory=list)
+    executor_pod_name: str | None = None
+    files: dict[str, str] = msgspec.field(default_factory=dict)
+
+
 RUN_CODE: w.Codec[RunCodeRequest] = w.Codec(RunCodeRequest)
 RUN_CODE_RESPONSE: w.Codec[RunCodeResponse] = w.Codec(RunCodeResponse)
+RUN_JUPYTER: w.Codec[RunJupyterRequest] = w.Codec(RunJupyterRequest)
+RUN_JUPYTER_RESPONSE: w.Codec[RunJupyterResponse] = w.Codec(RunJupyterResponse)
 
 
 # -- the handlers -------------------------------------------------------------------------
@@ -199,13 +246,40 @@ class FusionHandlers:
         )
         return json_response(RUN_CODE_RESPONSE, answer)
 
+    async def run_jupyter(self, request: Request) -> Response:
+        tenant = self.tenancy.authenticate(request)
+        body = await decode(request, RUN_JUPYTER, self.config.max_request_bytes)
+        if body.kernel != "python3":
+            raise bad_request(f"kernel {body.kernel[:50]!r} is not supported; only python3")
+        files = _decoded(body.files)
+        if self.server.closing:
+            raise HttpError(503, "shutting_down", "the server is shutting down", retryable=True)
+        try:
+            sandbox = self.server.session.sandbox(tags=(tenant.tag,))
+        except SandboxError as exc:
+            raise error_for(exc) from None
+        answer: RunJupyterResponse | None = None
+
+        async def work() -> None:
+            nonlocal answer
+            answer = await _run_cells(sandbox, body, files, self.config.max_file_bytes)
+
+        async with self.tenancy.ephemeral(tenant):
+            if await until_disconnect(request.receive, work):
+                self.metrics.disconnect_kills += 1
+                log.info("remote.fusion.disconnected", tenant=tenant.name)
+        if answer is None:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        log.debug("remote.fusion.jupyter", tenant=tenant.name, status=answer.status)
+        return json_response(RUN_JUPYTER_RESPONSE, answer)
+
     async def unsupported(self, request: Request) -> Response:
         raise HttpError(
             501,
             "not_supported",
             f"{request.url.path} is a SandboxFusion route this server does not serve: "
-            "asyncsandbox serve implements /run_code only (Jupyter kernels and datasets "
-            "are not part of a sandbox runtime)",
+            "asyncsandbox serve implements /run_code and /run_jupyter (datasets are not "
+            "part of a sandbox runtime)",
         )
 
 
@@ -277,6 +351,109 @@ async def _run(
             stderr=case.stderr,
         )
     return _response(compiled, ran, fetched)
+
+
+async def _run_cells(
+    sandbox: Sandbox, body: RunJupyterRequest, files: dict[str, bytes], max_file_bytes: int
+) -> RunJupyterResponse:
+    """Run one ``/run_jupyter`` request in ``sandbox`` (started here, removed on every exit
+    path): the cells in order, in one context, within the total timeout."""
+    started = time.monotonic()
+    deadline = started + body.total_timeout
+    cells: list[CellRunResult] = []
+    try:
+        async with sandbox:
+            try:
+                for path, data in files.items():
+                    await sandbox.write_file(path, data)
+            except (InvalidArgument, SandboxFileError) as exc:
+                raise bad_request(f"cannot write the request's files: {exc}") from None
+            for code in body.cells:
+                left = deadline - time.monotonic()
+                own = body.cell_timeout or math.inf
+                try:
+                    execution = await sandbox.run_code(code, timeout=max(min(own, left), 0.001))
+                except ExecTimeout as exc:
+                    if own < left and exc.execution is not None:
+                        execution = exc.execution  # its own limit: interrupted, next cell
+                    else:  # the total: the run ends, as SandboxFusion's driver is killed
+                        return RunJupyterResponse(
+                            status=RunStatus.FAILED,
+                            driver=CommandRunResult(
+                                status=CommandRunStatus.TIME_LIMIT_EXCEEDED,
+                                stdout="",
+                                stderr=f"the cells ran past total_timeout={body.total_timeout:g}s",
+                            ),
+                        )
+                cells.append(_cell(execution))
+            fetched = await _fetch(sandbox, body.fetch_files, max_file_bytes)
+    except HttpError:
+        raise
+    except SandboxError as exc:
+        infrastructure = isinstance(exc, InfrastructureError)
+        log.warning("remote.fusion.sandbox_error", error=repr(exc), infrastructure=infrastructure)
+        return RunJupyterResponse(
+            status=RunStatus.SANDBOX_ERROR,
+            message=f"{'infrastructure error' if infrastructure else 'sandbox error'}: {exc}",
+        )
+    return RunJupyterResponse(
+        status=RunStatus.SUCCESS,
+        driver=CommandRunResult(
+            status=CommandRunStatus.FINISHED,
+            execution_time=time.monotonic() - started,
+            return_code=0,
+            stdout="",
+            stderr="",
+        ),
+        cells=cells,
+        files=fetched,
+    )
+
+
+def _cell(execution: Execution) -> CellRunResult:
+    """A cell's answer as SandboxFusion's kernel driver collects it from Jupyter's
+    messages: streams joined, display bundles (``display_data``, ``execute_result``), the
+    ``error`` message's content."""
+    error = execution.error
+    return CellRunResult(
+        stdout="".join(execution.logs.stdout),
+        stderr="".join(execution.logs.stderr),
+        display=[_bundle(result) for result in execution.results],
+        error=[]
+        if error is None
+        else [
+            {"ename": error.name, "evalue": error.value, "traceback": error.traceback.splitlines()}
+        ],
+    )
+
+
+def _bundle(result: Result) -> dict[str, Any]:
+    """A result as the MIME bundle Jupyter sends (binary formats in base64)."""
+    bundle: dict[str, Any] = {}
+    for mime, name in MIME_TYPES.items():
+        value = getattr(result, name)
+        if value is None:
+            continue
+        bundle[mime] = (
+            base64.b64encode(value).decode("ascii") if isinstance(value, bytes) else value
+        )
+    bundle.update(result.extra)
+    return bundle
+
+
+MIME_TYPES = {
+    "text/plain": "text",
+    "text/html": "html",
+    "text/markdown": "markdown",
+    "image/svg+xml": "svg",
+    "image/png": "png",
+    "image/jpeg": "jpeg",
+    "application/pdf": "pdf",
+    "text/latex": "latex",
+    "application/json": "json",
+    "application/javascript": "javascript",
+}
+"""Jupyter's MIME types of :class:`asyncsandbox.Result`'s fields."""
 
 
 def _compiled(compiled: CompileResult) -> CommandRunResult:

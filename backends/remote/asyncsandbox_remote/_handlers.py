@@ -454,6 +454,106 @@ class Handlers:
 
         return Streamed(run)
 
+    # -- the code interpreter -------------------------------------------------
+
+    async def run_code(self, request: Request) -> Response:
+        tenant = self.tenancy.authenticate(request)
+        record = self.tenancy.record(tenant, request.path_params["sandbox_id"])
+        body = await decode(request, w.CODE_REQUEST, self.config.max_request_bytes)
+        ping = self.config.ping_interval
+
+        async def run(scope: Scope, receive: Receive, send: Send) -> None:
+            started = False
+            failure: HttpError | None = None
+
+            async def emit(frame: w.CodeFrame) -> None:
+                # The answer starts with its first frame: an error before any (an unknown
+                # context, a sandbox without python3) still gets its status.
+                nonlocal started
+                if not started:
+                    await start_response(send, "application/x-ndjson")
+                    started = True
+                line = w.CODE_FRAME.encode(frame) + b"\n"
+                await send({"type": "http.response.body", "body": line, "more_body": True})
+
+            async def work() -> None:
+                nonlocal failure
+                try:
+                    async with record.sandbox.run_code_stream(
+                        body.code,
+                        context=body.context,
+                        timeout=body.timeout,
+                        env=body.env,
+                        max_output_bytes=body.max_output_bytes,
+                    ) as stream:
+                        while True:
+                            with anyio.move_on_after(ping) as quiet:
+                                try:
+                                    event = await stream.__anext__()
+                                except StopAsyncIteration:
+                                    break
+                            await emit(w.PingFrame() if quiet.cancelled_caught else event)
+                        try:
+                            execution = await stream.wait()
+                        except ExecTimeout as exc:
+                            if exc.execution is None:  # not the code's own: cannot be
+                                raise
+                            execution = exc.execution
+                    await emit(w.CodeEndFrame(execution=execution))
+                except SandboxError as exc:
+                    failure = error_for(exc, record.id)
+                    if started:
+                        await emit(w.ErrorFrame(error=failure.body))
+
+            try:
+                async with self.tenancy.use(tenant, record) as activity:
+                    with activity.scope:
+                        if await until_disconnect(receive, work):
+                            # The code was interrupted (the runtime does it as it cancels).
+                            self.metrics.disconnect_kills += 1
+                            log.info("remote.run_code.disconnected", sandbox_id=record.id)
+                            return
+                    if activity.scope.cancelled_caught:
+                        failure = HttpError(409, "exec_cancelled", "the code was cancelled")
+                        if started:
+                            await emit(w.ErrorFrame(error=failure.body))
+            except HttpError as exc:
+                failure = exc
+            if started:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            elif failure is not None:
+                await failure.response()(scope, receive, send)
+
+        return Streamed(run)
+
+    async def create_code_context(self, request: Request) -> Response:
+        tenant = self.tenancy.authenticate(request)
+        record = self.tenancy.record(tenant, request.path_params["sandbox_id"])
+        body = await decode(request, w.NEW_CONTEXT, self.config.max_request_bytes)
+        async with self.tenancy.use(tenant, record):
+            context = await record.sandbox.create_code_context(cwd=body.cwd, language=body.language)
+        return json_response(w.CONTEXT, context, status=201)
+
+    async def list_code_contexts(self, request: Request) -> Response:
+        tenant = self.tenancy.authenticate(request)
+        record = self.tenancy.record(tenant, request.path_params["sandbox_id"])
+        contexts = await record.sandbox.list_code_contexts()
+        return json_response(w.CONTEXTS, w.CodeContextList(items=contexts))
+
+    async def restart_code_context(self, request: Request) -> Response:
+        tenant = self.tenancy.authenticate(request)
+        record = self.tenancy.record(tenant, request.path_params["sandbox_id"])
+        async with self.tenancy.use(tenant, record):
+            await record.sandbox.restart_code_context(request.path_params["context_id"])
+        return Response(status_code=204)
+
+    async def remove_code_context(self, request: Request) -> Response:
+        tenant = self.tenancy.authenticate(request)
+        record = self.tenancy.record(tenant, request.path_params["sandbox_id"])
+        async with self.tenancy.use(tenant, record):
+            await record.sandbox.remove_code_context(request.path_params["context_id"])
+        return Response(status_code=204)
+
     async def cancel_exec(self, request: Request) -> Response:
         tenant = self.tenancy.authenticate(request)
         record = self.tenancy.record(tenant, request.path_params["sandbox_id"])

@@ -9,6 +9,8 @@ from typing import Any
 
 import msgspec
 
+from asyncsandbox import CodeContext, ExecutionError, OutputMessage, Result
+from asyncsandbox.abc import CodeRequest
 from asyncsandbox.judge import JudgeRequest, JudgeResult
 
 from . import _wire as w
@@ -52,6 +54,8 @@ class Operation:
     auth: bool = True
     tags: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    frames: str = "ExecFrame"
+    """For an NDJSON answer: the schema of its lines."""
 
 
 _SANDBOX_ID = Param(
@@ -59,6 +63,13 @@ _SANDBOX_ID = Param(
     "path",
     {"type": "string", "minLength": 1, "maxLength": 128},
     "The sandbox's id.",
+    required=True,
+)
+_CONTEXT_ID = Param(
+    "context_id",
+    "path",
+    {"type": "string", "minLength": 1, "maxLength": 128},
+    "The code context's id.",
     required=True,
 )
 _LABEL = Param(
@@ -333,6 +344,65 @@ OPERATIONS: tuple[Operation, ...] = (
         tags=("files",),
     ),
     Operation(
+        "run_code",
+        "POST",
+        "/v1/sandboxes/{sandbox_id}/code/run",
+        "Run Python code in a stateful context of the sandbox (the default one unless the "
+        "request names another) and stream what it does as NDJSON frames: OutputMessage, "
+        "Result and ExecutionError events as they come, pings while it is quiet, then the "
+        "whole Execution (end) or an error. A timeout is data (execution.timed_out). "
+        "Closing the connection interrupts the code.",
+        params=(_SANDBOX_ID,),
+        body=CodeRequest,
+        answer=NDJSON,
+        frames="CodeFrame",
+        errors=(*_COMMON, 409, 410, 502, 503),
+        tags=("code",),
+    ),
+    Operation(
+        "create_code_context",
+        "POST",
+        "/v1/sandboxes/{sandbox_id}/code/contexts",
+        "A new code context: an interpreter of its own, starting in cwd.",
+        params=(_SANDBOX_ID,),
+        body=w.NewCodeContext,
+        ok=201,
+        answer=CodeContext,
+        errors=(*_COMMON, 409, 410, 502, 503),
+        tags=("code",),
+    ),
+    Operation(
+        "list_code_contexts",
+        "GET",
+        "/v1/sandboxes/{sandbox_id}/code/contexts",
+        "The sandbox's code contexts.",
+        params=(_SANDBOX_ID,),
+        answer=w.CodeContextList,
+        errors=(401, 404, 410),
+        tags=("code",),
+    ),
+    Operation(
+        "restart_code_context",
+        "POST",
+        "/v1/sandboxes/{sandbox_id}/code/contexts/{context_id}/restart",
+        "A fresh interpreter for a context (same id and directory); a call running in it "
+        "ends, restarted.",
+        params=(_SANDBOX_ID, _CONTEXT_ID),
+        ok=204,
+        errors=(400, 401, 404, 410, 502),
+        tags=("code",),
+    ),
+    Operation(
+        "remove_code_context",
+        "DELETE",
+        "/v1/sandboxes/{sandbox_id}/code/contexts/{context_id}",
+        "Kill a context's interpreter and everything it started, and forget it.",
+        params=(_SANDBOX_ID, _CONTEXT_ID),
+        ok=204,
+        errors=(400, 401, 404, 410, 502),
+        tags=("code",),
+    ),
+    Operation(
         "judge",
         "POST",
         "/v1/judge",
@@ -372,13 +442,13 @@ _ERROR_TEXT = {
 }
 
 
-def _content(kind: Any, ref: str) -> dict[str, Any]:
+def _content(kind: Any, ref: str, frames: str = "ExecFrame") -> dict[str, Any]:
     if isinstance(kind, str):
         schema: dict[str, Any] = {"type": "string"}
         if kind != TEXT:
             schema["format"] = "binary"
         if kind == NDJSON:
-            schema = {"$ref": ref.format(name="ExecFrame")}
+            schema = {"$ref": ref.format(name=frames)}
         return {kind: {"schema": schema}}
     return {JSON: {"schema": {"$ref": ref.format(name=kind.__name__)}}}
 
@@ -402,8 +472,32 @@ def openapi(version: str = "") -> dict[str, Any]:
         w.ExitFrame,
         w.PingFrame,
         w.ErrorFrame,
+        CodeRequest,
+        w.NewCodeContext,
+        CodeContext,
+        w.CodeContextList,
+        w.CodeEndFrame,
+        OutputMessage,
+        Result,
+        ExecutionError,
     ]
     _, components = msgspec.json.schema_components(wire_types, ref_template=ref)
+    code_frames = {
+        "OutputMessage": "OutputMessage",
+        "Result": "Result",
+        "ExecutionError": "ExecutionError",
+        "end": "CodeEndFrame",
+        "ping": "PingFrame",
+        "error": "ErrorFrame",
+    }
+    components["CodeFrame"] = {
+        "description": "One NDJSON line of a run_code answer (types added later are skipped).",
+        "anyOf": [{"$ref": ref.format(name=n)} for n in code_frames.values()],
+        "discriminator": {
+            "propertyName": "type",
+            "mapping": {tag: ref.format(name=n) for tag, n in code_frames.items()},
+        },
+    }
     components["ExecFrame"] = {
         "description": "One NDJSON line of a streaming exec (types added later are skipped).",
         "anyOf": [
@@ -451,7 +545,7 @@ def openapi(version: str = "") -> dict[str, Any]:
         responses: dict[str, Any] = {}
         ok: dict[str, Any] = {"description": "Success."}
         if op.answer is not None:
-            ok["content"] = _content(op.answer, ref)
+            ok["content"] = _content(op.answer, ref, op.frames)
         responses[str(op.ok)] = ok
         for replay, kind in op.extra.items():
             responses[replay] = {

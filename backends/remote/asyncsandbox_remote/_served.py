@@ -20,6 +20,7 @@ from asyncsandbox.abc import (
     Backend,
     BackendCapabilities,
     ExitStatus,
+    InteractiveProcess,
     OutputCallback,
     SandboxHandle,
     SandboxSpec,
@@ -94,6 +95,16 @@ class _ServedHandle(SandboxHandle):
         return await self._inner.exec(
             argv, cwd=cwd, env=env, stdin=stdin, on_output=on_output, timeout=timeout
         )
+
+    def interact(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bool = True,
+    ) -> AbstractAsyncContextManager[InteractiveProcess]:
+        return self._inner.interact(argv, cwd=cwd, env=env, stdin=stdin)
 
     async def read_file(self, path: str, *, max_bytes: int) -> bytes:
         return await self._inner.read_file(path, max_bytes=max_bytes)

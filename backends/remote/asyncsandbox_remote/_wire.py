@@ -18,11 +18,17 @@ from typing import Annotated, Any, Generic, TypeVar
 import msgspec
 from msgspec import Meta
 
+from asyncsandbox import CodeContext, Execution, ExecutionError, OutputMessage, Result
+from asyncsandbox.abc import CodeRequest
 from asyncsandbox.judge import JudgeRequest, JudgeResult
 
 __all__ = (
     "API_VERSION",
     "Codec",
+    "CodeContextList",
+    "CodeFrame",
+    "CodeEndFrame",
+    "NewCodeContext",
     "CreateSandbox",
     "DeletedSandboxes",
     "ErrorBody",
@@ -284,6 +290,39 @@ class ServerInfo(_Message, kw_only=True):
     max_upload_bytes: int | None = None
 
 
+# -- the code interpreter -----------------------------------------------------------------
+#
+# A run is the public CodeRequest as is (one carrier from the caller to the sandbox). Its
+# answer is NDJSON: the events as the public types encode them (tagged by their class name:
+# OutputMessage, Result, ExecutionError), pings while the code is quiet, and last the whole
+# Execution (an "end" frame) or an error frame.
+
+
+class CodeEndFrame(_Message, kw_only=True, tag_field="type", tag="end"):
+    """The code ran: its whole execution (the last frame of a successful run). A timeout
+    is data here (``execution.timed_out``): the client raises it, as the local API does."""
+
+    execution: Execution
+
+
+CodeFrame = OutputMessage | Result | ExecutionError | CodeEndFrame | PingFrame | ErrorFrame
+"""One line of a ``run_code`` answer (NDJSON)."""
+
+
+class NewCodeContext(_Message, kw_only=True):
+    """Body of ``POST /v1/sandboxes/{id}/code/contexts``."""
+
+    cwd: Path | None = None
+    """Where it starts (relative: under the sandbox's workdir); ``null``: the workdir."""
+    language: Annotated[str, Meta(max_length=64)] | None = None
+
+
+class CodeContextList(_Message, kw_only=True):
+    """Answer of ``GET /v1/sandboxes/{id}/code/contexts``."""
+
+    items: list[CodeContext] = msgspec.field(default_factory=list)
+
+
 # -- codecs -------------------------------------------------------------------------------
 
 
@@ -322,6 +361,12 @@ SNAPSHOT: Codec[SnapshotCreated] = Codec(SnapshotCreated)
 JUDGE: Codec[JudgeRequest] = Codec(JudgeRequest)
 """``POST /v1/judge``'s body: the judgement itself (``asyncsandbox.judge.JudgeRequest``)."""
 JUDGE_RESULT: Codec[JudgeResult] = Codec(JudgeResult)
+CODE_REQUEST: Codec[CodeRequest] = Codec(CodeRequest)
+CODE_FRAME: Codec[CodeFrame] = Codec(CodeFrame)
+NEW_CONTEXT: Codec[NewCodeContext] = Codec(NewCodeContext)
+CONTEXT: Codec[CodeContext] = Codec(CodeContext)
+CONTEXTS: Codec[CodeContextList] = Codec(CodeContextList)
+_CODE_FRAME_TYPES = ("OutputMessage", "Result", "ExecutionError", "end", "ping", "error")
 
 
 def decode_frame(line: bytes) -> ExecFrame | None:
@@ -333,4 +378,15 @@ def decode_frame(line: bytes) -> ExecFrame | None:
         kind = FRAME_TYPE.decode(line).type
         if kind in ("output", "exit", "ping", "error"):
             raise  # a known frame that does not validate: a broken server
+        return None
+
+
+def decode_code_frame(line: bytes) -> CodeFrame | None:
+    """One NDJSON line of a ``run_code`` answer; ``None`` for a frame type this client does
+    not know. Raises ``msgspec.DecodeError`` for garbage."""
+    try:
+        return CODE_FRAME.decode(line)
+    except msgspec.ValidationError:
+        if FRAME_TYPE.decode(line).type in _CODE_FRAME_TYPES:
+            raise
         return None
