@@ -492,6 +492,8 @@ class RemoteBackend(Backend):
             self._caps = BackendCapabilities(
                 isolation=f"remote: {caps.isolation} ({info.backend} at {self.base_url})",
                 enforced_limits=frozenset(caps.enforced_limits),
+                best_effort_limits=caps.best_effort_limits,
+                limits_note=caps.limits_note,
                 network_modes=frozenset(caps.network_modes),
                 reports_signal=caps.reports_signal,
                 snapshots=caps.snapshots,

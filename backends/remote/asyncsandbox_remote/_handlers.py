@@ -97,6 +97,8 @@ class Handlers:
                 capabilities=w.Capabilities(
                     isolation=caps.isolation if caps else "",
                     enforced_limits=sorted(caps.enforced_limits) if caps else [],
+                    best_effort_limits=caps.best_effort_limits if caps else False,
+                    limits_note=caps.limits_note if caps else "",
                     network_modes=networks,
                     reports_signal=caps.reports_signal if caps else False,
                     snapshots=caps.snapshots if caps else False,

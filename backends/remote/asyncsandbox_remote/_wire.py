@@ -262,6 +262,9 @@ class Capabilities(_Message, kw_only=True):
 
     isolation: str = ""
     enforced_limits: list[str] = msgspec.field(default_factory=list)
+    best_effort_limits: bool = False
+    """Limits outside ``enforced_limits`` are applied where they can be, not refused."""
+    limits_note: str = ""
     network_modes: list[str] = msgspec.field(default_factory=lambda: ["none"])
     reports_signal: bool = False
     snapshots: bool = False
