@@ -277,3 +277,31 @@ async def test_sixteen_async_sandboxes_at_once(e2b_env: str) -> None:
     async with anyio.create_task_group() as tg:
         for i in range(16):
             tg.start_soon(one, i)
+
+
+def test_filesystem_only_snapshots(sandbox: Sandbox) -> None:
+    """create_snapshot(mode="filesystem") keeps the files (the sandbox goes on running);
+    a sandbox created from it has them; it is listed and deleted as a template; a memory
+    snapshot is refused, clearly."""
+    sandbox.files.write("snap.txt", "snapped")
+    info = sandbox.create_snapshot(mode="filesystem")
+    try:
+        assert sandbox.commands.run("cat snap.txt").stdout == "snapped"
+        made = Sandbox.create(info.snapshot_id)
+        try:
+            assert made.files.read("snap.txt") == "snapped"
+            assert made.commands.run("pwd").stdout == "/home/user\n"
+        finally:
+            made.kill()
+        listed = Sandbox.list_snapshots(sandbox_id=sandbox.sandbox_id).next_items()
+        assert [s.snapshot_id for s in listed] == [info.snapshot_id]
+        # Another tenant's snapshot is a template it does not have.
+        with pytest.raises(SandboxException, match="not found"):
+            Sandbox.create(info.snapshot_id, api_key=BOB)
+        assert Sandbox.list_snapshots(api_key=BOB).next_items() == []
+        assert Sandbox.delete_snapshot(info.snapshot_id, api_key=BOB) is False
+    finally:
+        assert Sandbox.delete_snapshot(info.snapshot_id) is True
+    assert Sandbox.delete_snapshot(info.snapshot_id) is False
+    with pytest.raises(SandboxException, match="memory snapshot"):
+        sandbox.create_snapshot()

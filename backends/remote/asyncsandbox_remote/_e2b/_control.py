@@ -11,10 +11,12 @@ controls, MCP, IAM, volumes, template builds, secrets, metrics and logs.
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
@@ -42,14 +44,17 @@ if TYPE_CHECKING:
 __all__ = ("DEFAULT_TEMPLATES", "ControlPlane", "e2b_error")
 
 DEFAULT_TEMPLATES = ("base", "code-interpreter-v1")
+WORKDIR_HEADER = "x-asyncsandbox-workdir"
+"""An extension of the create: the sandbox's working directory instead of E2B's home
+(the e2b backend sends it; E2B's own sandboxes let ``root`` make one, ours have none)."""
 DEFAULT_TIMEOUT = 300
+NAME = re.compile(r"[a-z0-9._-]{1,100}")
 UNSUPPORTED_PREFIXES = (
     "/templates",
     "/v2/templates",
     "/v3/templates",
     "/secrets",
     "/volumes",
-    "/snapshots",
     "/teams",
     "/nodes",
     "/access-tokens",
@@ -102,6 +107,24 @@ class PauseBody(msgspec.Struct, omit_defaults=True):
     require_healthy_guest: bool | None = msgspec.field(default=None, name="requireHealthyGuest")
 
 
+class SnapshotBody(msgspec.Struct, omit_defaults=True):
+    name: str | None = None
+    memory: bool | None = None
+
+
+@dataclass(eq=False)
+class E2bSnapshot:
+    """A filesystem-only snapshot taken through E2B's API: a template of its tenant's."""
+
+    id: str
+    tenant: TenantState
+    source: str
+    template: str
+    image: str | None
+    workdir: str
+    name: str | None
+
+
 class ForkBody(msgspec.Struct, omit_defaults=True):
     timeout: int | None = None
     count: int | None = None
@@ -131,6 +154,8 @@ class ControlPlane:
         self.registry = Registry()
         self.templates: dict[str, str | None] = dict.fromkeys(DEFAULT_TEMPLATES)
         self.templates.update(self.config.e2b_templates)
+        self.snapshots: dict[str, E2bSnapshot] = {}
+        """Snapshots taken through E2B's API (``POST /sandboxes/{id}/snapshots``), by id."""
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -152,7 +177,9 @@ class ControlPlane:
             ("POST", "/sandboxes/{sandbox_id}/resume", self.connect),
             ("POST", "/sandboxes/{sandbox_id}/pause", self.pause),
             ("POST", "/sandboxes/{sandbox_id}/fork", self.fork),
-            ("POST", "/sandboxes/{sandbox_id}/snapshots", self.not_offered),
+            ("POST", "/sandboxes/{sandbox_id}/snapshots", self.snapshot),
+            ("GET", "/snapshots", self.list_snapshots),
+            ("DELETE", "/templates/{template_id}", self.delete_template),
             ("GET", "/sandboxes/{sandbox_id}/metrics", self.not_offered),
             ("GET", "/sandboxes/{sandbox_id}/logs", self.not_offered),
             ("GET", "/v2/sandboxes/{sandbox_id}/logs", self.not_offered),
@@ -244,7 +271,7 @@ class ControlPlane:
         arguments: dict[str, Any] = {
             "image": sandbox.image,
             "env": sandbox.env,
-            "workdir": HOME,
+            "workdir": sandbox.workdir,
             "tags": (tenant.tag,),
         }
         if from_snapshot is not None:
@@ -328,28 +355,36 @@ class ControlPlane:
         tenant = self._tenant(request)
         body: NewSandbox = await self._body(request, NewSandbox)
         self._refuse_unsupported(body)
-        if body.template_id not in self.templates:
+        snapshot = self._snapshot_named(tenant, body.template_id)
+        if body.template_id not in self.templates and snapshot is None:
             known = ", ".join(sorted(self.templates))
             raise _E2bError(
                 404,
                 f"template {body.template_id[:100]!r} not found; this server's templates: "
-                f"{known} (asyncsandbox serve --e2b-template NAME=IMAGE adds more)",
+                f"{known} (asyncsandbox serve --e2b-template NAME=IMAGE adds more), and "
+                "this tenant's snapshots",
             )
         sandbox = E2bSandbox(
             id=new_id(),
             tenant=tenant,
             template=body.template_id,
-            image=self.templates[body.template_id],
+            image=snapshot.image if snapshot else self.templates[body.template_id],
             metadata=dict(body.metadata or {}),
             env=dict(body.env_vars or {}),
             token=secrets.token_urlsafe(24),
             started_at=time.time(),
             end_at=time.time(),
+            # A snapshot's files are where its source had them.
+            workdir=snapshot.workdir if snapshot else request.headers.get(WORKDIR_HEADER) or HOME,
         )
         sandbox.busy += 1
         self.registry.add(sandbox)
         try:
-            await self._launch(sandbox, self._timeout(body.timeout))
+            await self._launch(
+                sandbox,
+                self._timeout(body.timeout),
+                from_snapshot=snapshot.id if snapshot else None,
+            )
         except BaseException:
             self.registry.forget(sandbox.id)
             raise
@@ -454,11 +489,88 @@ class ControlPlane:
                 token=secrets.token_urlsafe(24),
                 started_at=time.time(),
                 end_at=time.time(),
+                workdir=source.workdir,
             )
             self.registry.add(forked)
             self._adopt(forked, child, timeout)
             results.append({"sandbox": self._answer(forked)})
         return self._json(results, 201)
+
+    # -- snapshots (templates of their tenant) ---------------------------------------
+
+    def _snapshot_named(self, tenant: TenantState, name: str) -> E2bSnapshot | None:
+        """The tenant's snapshot whose id or name is ``name`` (another tenant's: None)."""
+        found = self.snapshots.get(name)
+        if found is None:
+            found = next((s for s in self.snapshots.values() if s.name == name), None)
+        return found if found is not None and found.tenant is tenant else None
+
+    def _snapshot_answer(self, snapshot: E2bSnapshot) -> dict[str, Any]:
+        return {"snapshotID": snapshot.id, "names": [snapshot.name or snapshot.id]}
+
+    async def snapshot(self, request: Request) -> Response:
+        tenant = self._tenant(request)
+        sandbox = self._sandbox(tenant, request)
+        body: SnapshotBody = await self._body(request, SnapshotBody)
+        if body.memory is not False:
+            raise _unsupported(
+                "a memory snapshot",
+                "processes cannot be frozen here; create_snapshot(memory=False) keeps the "
+                "sandbox's files (a sandbox made from it starts without its processes)",
+            )
+        if body.name is not None and not NAME.fullmatch(body.name):
+            raise _E2bError(400, "a snapshot name is 1-100 of a-z, 0-9, '.', '_', '-'")
+        if body.name is not None and self._snapshot_named(tenant, body.name) is not None:
+            raise _E2bError(409, f"this tenant has a snapshot named {body.name!r} already")
+        if not sandbox.running or sandbox.record is None:
+            raise _E2bError(409, f"sandbox {sandbox.id} is paused: connect() to it first")
+        record = sandbox.record
+        async with self.tenancy.use(tenant, record):
+            taken = await record.sandbox.snapshot(keep=True)  # the tenant's to delete
+        tenant.snapshots.add(taken.id)
+        snapshot = E2bSnapshot(
+            id=taken.id,
+            tenant=tenant,
+            source=sandbox.id,
+            template=sandbox.template,
+            image=sandbox.image,
+            workdir=sandbox.workdir,
+            name=body.name,
+        )
+        self.snapshots[snapshot.id] = snapshot
+        return self._json(self._snapshot_answer(snapshot), 201)
+
+    async def list_snapshots(self, request: Request) -> Response:
+        tenant = self._tenant(request)
+        query = request.query_params
+        source, name = query.get("sandboxID"), query.get("name")
+        chosen = sorted(
+            (
+                s
+                for s in self.snapshots.values()
+                if s.tenant is tenant
+                and (source is None or s.source == source)
+                and (name is None or name in (s.name, s.id))
+            ),
+            key=lambda s: s.id,
+        )
+        return self._json([self._snapshot_answer(s) for s in chosen])
+
+    async def delete_template(self, request: Request) -> Response:
+        tenant = self._tenant(request)
+        template_id = request.path_params["template_id"]
+        snapshot = self._snapshot_named(tenant, template_id)
+        if snapshot is None:
+            if template_id in self.templates:
+                raise _E2bError(400, f"template {template_id!r} is this server's (--e2b-template)")
+            raise _E2bError(404, f"template {template_id[:100]!r} not found")
+        self.snapshots.pop(snapshot.id, None)
+        tenant.snapshots.discard(snapshot.id)
+        # Sandboxes made from it keep working (their files are their own).
+        with anyio.CancelScope(shield=True):
+            with suppress(SandboxError):  # a leftover snapshot: the backend's gc removes it
+                await self.server.session.delete_snapshot(snapshot.id)
+        return Response(status_code=204)
 
     # -- describing -----------------------------------------------------------------------
 

@@ -261,8 +261,11 @@ def _file_error(exc: Exception, path: str) -> _FileError:
     if isinstance(exc, InvalidArgument):
         return _FileError(400, str(exc))
     if isinstance(exc, SandboxError):
+        # Named as a command's end event names it ("LaunchError: ..."): the e2b backend
+        # tells a file operation that could not be run from a file error by it.
         answer = error_for(exc)
-        return _FileError(502 if answer.status == 410 else answer.status, answer.body.message)
+        status = 502 if answer.status == 410 else answer.status
+        return _FileError(status, f"{type(exc).__name__}: {answer.body.message}")
     return _FileError(500, "internal error")
 
 

@@ -60,6 +60,9 @@ class E2bSandbox:
     watchers: Watchers | None = None
     snapshot: str | None = None
     """While paused: the snapshot it resumes from."""
+    workdir: str = "/home/user"
+    """The working directory of its commands: E2B's home, or the one its creator asked
+    for (``X-Asyncsandbox-Workdir``, the e2b backend's)."""
     cpu_count: int = 1
     memory_mb: int = 512
     busy: int = field(default=0)
