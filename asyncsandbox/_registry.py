@@ -20,6 +20,7 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "docker": ("asyncsandbox_docker:DockerBackend", "asyncsandbox[docker]"),
     "remote": ("asyncsandbox_remote:RemoteBackend", "asyncsandbox[remote]"),
     "ray": ("asyncsandbox_ray:RayBackend", "asyncsandbox[ray]"),
+    "e2b": ("asyncsandbox_e2b:E2bBackend", "asyncsandbox[e2b]"),
 }
 
 ENTRY_POINT_GROUP = "asyncsandbox.backends"

@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = (
     "asyncsandbox_docker",
+    "asyncsandbox_e2b",
     "asyncsandbox_remote",
     "asyncsandbox_ray",
     "asyncsandbox_inspect",

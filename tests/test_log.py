@@ -27,7 +27,7 @@ def test_importing_asyncsandbox_imports_no_structlog() -> None:
         import asyncsandbox.testing, asyncsandbox.tools, asyncsandbox_docker
         print(sorted(m for m in ("structlog", "rich", "pygments") if m in sys.modules))
         # httpx imports rich for its own command line when that is installed: only structlog
-        import asyncsandbox_remote, asyncsandbox_remote.server
+        import asyncsandbox_remote, asyncsandbox_remote.server, asyncsandbox_e2b
         print("structlog" in sys.modules)
         """
     )
