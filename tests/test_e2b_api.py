@@ -1,7 +1,7 @@
-"""E2B's API on a REAL ``asyncsandbox serve`` (process backend, on loopback), driven by the
-real ``e2b`` SDK (sync, and async on asyncio: the SDK's async client is asyncio-only),
-pointed at the server as a user points it: ``E2B_API_URL``, ``E2B_SANDBOX_URL`` and
-``E2B_API_KEY``.
+"""E2B's API on a REAL ``asyncsandbox serve`` (process and Docker backends, on loopback),
+driven by the real ``e2b`` SDK (sync, and async on asyncio: the SDK's async client is
+asyncio-only), pointed at the server as a user points it: ``E2B_API_URL``,
+``E2B_SANDBOX_URL`` and ``E2B_API_KEY``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from e2b import (
     TimeoutException,
 )
 
+from .conftest import docker_test_image, require_docker
 from .test_remote import ALICE, BOB, Server, _new_root
 
 
@@ -35,10 +36,31 @@ def eventually(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@pytest.fixture(
+    scope="module",
+    params=["process", pytest.param("docker", marks=pytest.mark.docker)],
+)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """The server, on each backend it serves E2B's API on (Docker: skipped without an
+    engine, like ``docker_engine``)."""
+    directory = tmp_path_factory.mktemp("e2b") / "main"
+    if request.param == "docker":
+        require_docker()
+        started = Server(
+            directory,
+            "--backend-option",
+            f"default_image={docker_test_image()}",
+            backend="docker",
+        )
+        try:
+            yield started
+        finally:
+            started.stop()
+        return
     root = _new_root()
-    started = Server(tmp_path_factory.mktemp("e2b") / "main", root=root)
+    started = Server(directory, root=root)
     try:
         yield started
     finally:
