@@ -32,8 +32,10 @@ from asyncsandbox import Sandbox, SandboxError
 from .._errors import HttpError, error_for
 from .._streaming import read_body
 from .._tenancy import Record, TenantState
+from . import _wire as w
 from ._envd import SandboxOf
 from ._fs import HOME, Filesystem
+from ._openapi import CONTROL, e2b_openapi
 from ._processes import Processes
 from ._state import ENVD_VERSION, E2bSandbox, Registry, new_id
 from ._watch import Watchers
@@ -47,7 +49,7 @@ DEFAULT_TEMPLATES = ("base", "code-interpreter-v1")
 WORKDIR_HEADER = "x-asyncsandbox-workdir"
 """An extension of the create: the sandbox's working directory instead of E2B's home
 (the e2b backend sends it; E2B's own sandboxes let ``root`` make one, ours have none)."""
-DEFAULT_TIMEOUT = 300
+DEFAULT_TIMEOUT = w.DEFAULT_TIMEOUT
 NAME = re.compile(r"[a-z0-9._-]{1,100}")
 UNSUPPORTED_PREFIXES = (
     "/templates",
@@ -64,7 +66,7 @@ UNSUPPORTED_PREFIXES = (
 
 def e2b_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     """An error as E2B's API answers it."""
-    body = msgspec.json.encode({"code": status, "message": message})
+    body = w.encode(w.E2bError(code=status, message=message))
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
@@ -78,40 +80,6 @@ def _unsupported(what: str, why: str) -> _E2bError:
     return _E2bError(400, f"{what} is not supported by asyncsandbox serve: {why}")
 
 
-class NewSandbox(msgspec.Struct, rename="camel", omit_defaults=True):
-    """``POST /sandboxes`` and ``/v2/sandboxes`` (E2B's ``NewSandbox``/``NewSandboxV2``)."""
-
-    template_id: str = msgspec.field(name="templateID")
-    timeout: int = DEFAULT_TIMEOUT
-    auto_pause: bool = False
-    auto_pause_memory: bool | None = None
-    auto_resume: Any = None
-    allow_internet_access: bool | None = None
-    network: Any = None
-    metadata: dict[str, str] | None = None
-    env_vars: dict[str, str] | None = None
-    mcp: Any = None
-    iam: Any = None
-    volume_mounts: Any = None
-    secure: bool | None = None
-
-
-class TimeoutBody(msgspec.Struct, omit_defaults=True):
-    timeout: int | None = None
-    memory: bool | None = None
-    auto_pause: bool | None = msgspec.field(default=None, name="autoPause")
-
-
-class PauseBody(msgspec.Struct, omit_defaults=True):
-    memory: bool | None = None
-    require_healthy_guest: bool | None = msgspec.field(default=None, name="requireHealthyGuest")
-
-
-class SnapshotBody(msgspec.Struct, omit_defaults=True):
-    name: str | None = None
-    memory: bool | None = None
-
-
 @dataclass(eq=False)
 class E2bSnapshot:
     """A filesystem-only snapshot taken through E2B's API: a template of its tenant's."""
@@ -123,11 +91,6 @@ class E2bSnapshot:
     image: str | None
     workdir: str
     name: str | None
-
-
-class ForkBody(msgspec.Struct, omit_defaults=True):
-    timeout: int | None = None
-    count: int | None = None
 
 
 def _timestamp(value: str | None) -> float | None:
@@ -160,35 +123,17 @@ class ControlPlane:
     # -- plumbing ---------------------------------------------------------------------
 
     def routes(self, endpoint: Callable[..., Any]) -> list[Route]:
-        """The routes, each wrapped by ``endpoint(name, handler)`` (the application's
-        accounting)."""
-        table: list[tuple[str, str, Callable[[Request], Awaitable[Response]]]] = [
-            ("POST", "/sandboxes", self.create),
-            ("POST", "/v2/sandboxes", self.create),
-            ("GET", "/sandboxes", self.list_v1),
-            ("GET", "/v2/sandboxes", self.list_v2),
-            ("GET", "/sandboxes/metrics", self.not_offered),
-            ("GET", "/sandboxes/{sandbox_id}", self.info),
-            ("DELETE", "/sandboxes/{sandbox_id}", self.kill),
-            ("POST", "/sandboxes/{sandbox_id}/timeout", self.set_timeout),
-            ("POST", "/sandboxes/{sandbox_id}/refreshes", self.refresh),
-            ("POST", "/sandboxes/{sandbox_id}/connect", self.connect),
-            ("POST", "/v2/sandboxes/{sandbox_id}/connect", self.connect),
-            ("POST", "/sandboxes/{sandbox_id}/resume", self.connect),
-            ("POST", "/sandboxes/{sandbox_id}/pause", self.pause),
-            ("POST", "/sandboxes/{sandbox_id}/fork", self.fork),
-            ("POST", "/sandboxes/{sandbox_id}/snapshots", self.snapshot),
-            ("GET", "/snapshots", self.list_snapshots),
-            ("DELETE", "/templates/{template_id}", self.delete_template),
-            ("GET", "/sandboxes/{sandbox_id}/metrics", self.not_offered),
-            ("GET", "/sandboxes/{sandbox_id}/logs", self.not_offered),
-            ("GET", "/v2/sandboxes/{sandbox_id}/logs", self.not_offered),
-            ("PUT", "/sandboxes/{sandbox_id}/network", self.not_offered),
-        ]
+        """The routes (:data:`._openapi.CONTROL`), each wrapped by ``endpoint(name,
+        handler)`` (the application's accounting), and their OpenAPI document."""
         routes = [
-            Route(path, endpoint(f"e2b_{handler.__name__}", self._guard(handler)), methods=[method])
-            for method, path, handler in table
+            Route(
+                op.path,
+                endpoint(f"e2b_{op.handler}", self._guard(getattr(self, op.handler))),
+                methods=[op.method],
+            )
+            for op in CONTROL
         ]
+        routes.append(Route("/e2b/openapi.json", self.openapi_json, methods=["GET"]))
         unsupported = endpoint("e2b_not_offered", self._guard(self.not_offered))
         methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
         for prefix in UNSUPPORTED_PREFIXES:
@@ -315,25 +260,28 @@ class ControlPlane:
         sandbox.memory_mb = resources.memory_mb or 512
         self.tenancy.add(record)
 
-    def _answer(self, sandbox: E2bSandbox) -> dict[str, Any]:
-        return {
-            "templateID": sandbox.template,
-            "sandboxID": sandbox.id,
-            "clientID": "asyncsandbox",
-            "envdVersion": ENVD_VERSION,
-            "envdAccessToken": sandbox.token,
-            "domain": None,
-        }
+    def _answer(self, sandbox: E2bSandbox) -> w.CreatedSandbox:
+        return w.CreatedSandbox(
+            template_id=sandbox.template,
+            sandbox_id=sandbox.id,
+            client_id="asyncsandbox",
+            envd_version=ENVD_VERSION,
+            envd_access_token=sandbox.token,
+        )
 
     def _json(self, value: Any, status: int = 200, **headers: str) -> Response:
         return Response(
-            msgspec.json.encode(value),
+            w.encode(value),
             status_code=status,
             media_type="application/json",
             headers=headers or None,
         )
 
-    def _refuse_unsupported(self, body: NewSandbox) -> None:
+    async def openapi_json(self, request: Request) -> Response:
+        """The OpenAPI document of E2B's routes (no authentication)."""
+        return self._json(e2b_openapi(self.server.version))
+
+    def _refuse_unsupported(self, body: w.NewSandbox) -> None:
         if body.auto_pause:
             raise _unsupported("auto-pause", "a sandbox cannot be frozen; it ends at its timeout")
         if body.auto_resume:
@@ -353,7 +301,7 @@ class ControlPlane:
 
     async def create(self, request: Request) -> Response:
         tenant = self._tenant(request)
-        body: NewSandbox = await self._body(request, NewSandbox)
+        body: w.NewSandbox = await self._body(request, w.NewSandbox)
         self._refuse_unsupported(body)
         snapshot = self._snapshot_named(tenant, body.template_id)
         if body.template_id not in self.templates and snapshot is None:
@@ -395,7 +343,7 @@ class ControlPlane:
     async def connect(self, request: Request) -> Response:
         tenant = self._tenant(request)
         sandbox = self._sandbox(tenant, request)
-        body: TimeoutBody = await self._body(request, TimeoutBody)
+        body: w.TimeoutBody = await self._body(request, w.TimeoutBody)
         if body.auto_pause:
             raise _unsupported("auto-pause", "a sandbox cannot be frozen; it ends at its timeout")
         timeout = self._timeout(body.timeout)
@@ -424,7 +372,7 @@ class ControlPlane:
     async def pause(self, request: Request) -> Response:
         tenant = self._tenant(request)
         sandbox = self._sandbox(tenant, request)
-        body: PauseBody = await self._body(request, PauseBody)
+        body: w.PauseBody = await self._body(request, w.PauseBody)
         if body.memory is not False:
             raise _unsupported(
                 "a memory-preserving pause",
@@ -457,7 +405,7 @@ class ControlPlane:
     async def fork(self, request: Request) -> Response:
         tenant = self._tenant(request)
         source = self._sandbox(tenant, request)
-        body: ForkBody = await self._body(request, ForkBody)
+        body: w.ForkBody = await self._body(request, w.ForkBody)
         count = body.count if body.count is not None else 1
         if not 1 <= count <= 64:
             raise _E2bError(400, "count must be 1-64")
@@ -493,7 +441,7 @@ class ControlPlane:
             )
             self.registry.add(forked)
             self._adopt(forked, child, timeout)
-            results.append({"sandbox": self._answer(forked)})
+            results.append(w.ForkResult(sandbox=self._answer(forked)))
         return self._json(results, 201)
 
     # -- snapshots (templates of their tenant) ---------------------------------------
@@ -505,13 +453,13 @@ class ControlPlane:
             found = next((s for s in self.snapshots.values() if s.name == name), None)
         return found if found is not None and found.tenant is tenant else None
 
-    def _snapshot_answer(self, snapshot: E2bSnapshot) -> dict[str, Any]:
-        return {"snapshotID": snapshot.id, "names": [snapshot.name or snapshot.id]}
+    def _snapshot_answer(self, snapshot: E2bSnapshot) -> w.SnapshotInfo:
+        return w.SnapshotInfo(snapshot_id=snapshot.id, names=[snapshot.name or snapshot.id])
 
     async def snapshot(self, request: Request) -> Response:
         tenant = self._tenant(request)
         sandbox = self._sandbox(tenant, request)
-        body: SnapshotBody = await self._body(request, SnapshotBody)
+        body: w.SnapshotBody = await self._body(request, w.SnapshotBody)
         if body.memory is not False:
             raise _unsupported(
                 "a memory snapshot",
@@ -574,24 +522,26 @@ class ControlPlane:
 
     # -- describing -----------------------------------------------------------------------
 
-    def _detail(self, sandbox: E2bSandbox, *, listed: bool = False) -> dict[str, Any]:
-        detail: dict[str, Any] = {
-            "templateID": sandbox.template,
-            "sandboxID": sandbox.id,
-            "clientID": "asyncsandbox",
-            "startedAt": _iso(sandbox.started_at),
-            "endAt": _iso(sandbox.end_at),
-            "envdVersion": ENVD_VERSION,
-            "cpuCount": sandbox.cpu_count,
-            "memoryMB": sandbox.memory_mb,
-            "diskSizeMB": 0,
+    def _listed(self, sandbox: E2bSandbox) -> w.ListedSandbox:
+        return w.ListedSandbox(**self._described(sandbox))
+
+    def _detail(self, sandbox: E2bSandbox) -> w.SandboxDetail:
+        return w.SandboxDetail(**self._described(sandbox), envd_access_token=sandbox.token)
+
+    def _described(self, sandbox: E2bSandbox) -> dict[str, Any]:
+        return {
+            "template_id": sandbox.template,
+            "sandbox_id": sandbox.id,
+            "client_id": "asyncsandbox",
+            "started_at": _iso(sandbox.started_at),
+            "end_at": _iso(sandbox.end_at),
+            "envd_version": ENVD_VERSION,
+            "cpu_count": sandbox.cpu_count,
+            "memory_mb": sandbox.memory_mb,
+            "disk_size_mb": 0,
             "metadata": sandbox.metadata,
             "state": sandbox.state,
         }
-        if not listed:
-            detail["envdAccessToken"] = sandbox.token
-            detail["domain"] = None
-        return detail
 
     async def info(self, request: Request) -> Response:
         tenant = self._tenant(request)
@@ -619,7 +569,7 @@ class ControlPlane:
 
     async def list_v1(self, request: Request) -> Response:
         tenant = self._tenant(request)
-        return self._json([self._detail(s, listed=True) for s in self._select(tenant, request)])
+        return self._json([self._listed(s) for s in self._select(tenant, request)])
 
     async def list_v2(self, request: Request) -> Response:
         tenant = self._tenant(request)
@@ -638,7 +588,7 @@ class ControlPlane:
             chosen = chosen[start:]
         page, rest = chosen[:limit], chosen[limit:]
         headers = {"x-next-token": rest[0].id} if rest else {}
-        return self._json([self._detail(s, listed=True) for s in page], 200, **headers)
+        return self._json([self._listed(s) for s in page], 200, **headers)
 
     # -- ending and extending ----------------------------------------------------------------
 
@@ -660,7 +610,7 @@ class ControlPlane:
     async def set_timeout(self, request: Request) -> Response:
         tenant = self._tenant(request)
         sandbox = self._sandbox(tenant, request)
-        body: TimeoutBody = await self._body(request, TimeoutBody)
+        body: w.TimeoutBody = await self._body(request, w.TimeoutBody)
         if body.timeout is None:
             raise _E2bError(400, "timeout is required")
         if sandbox.running:
@@ -670,8 +620,8 @@ class ControlPlane:
     async def refresh(self, request: Request) -> Response:
         tenant = self._tenant(request)
         sandbox = self._sandbox(tenant, request)
-        body: TimeoutBody = await self._body(request, TimeoutBody)
-        timeout = self._timeout(body.timeout)
+        body: w.RefreshBody = await self._body(request, w.RefreshBody)
+        timeout = self._timeout(body.duration)
         if sandbox.running and time.time() + timeout > sandbox.end_at:
             sandbox.set_timeout(timeout)
         return Response(status_code=204)

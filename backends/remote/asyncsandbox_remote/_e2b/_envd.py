@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from connectrpc.code import Code
+from connectrpc.codec import Codec, proto_binary_codec, proto_json_codec
 from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 from e2b.envd.filesystem import filesystem_pb
@@ -308,6 +309,33 @@ class FilesystemService:
         return filesystem_pb.RemoveWatcherResponse()
 
 
+class _Refusing:
+    """A codec whose messages that do not decode (a string where a number belongs, a
+    number out of range, an unknown enum) are the client's error, INVALID_ARGUMENT, as
+    envd answers them, never an internal error of the server's."""
+
+    def __init__(self, codec: Codec[Any, Any]) -> None:
+        self._codec = codec
+
+    def name(self) -> str:
+        return self._codec.name()
+
+    def encode(self, message: Any) -> bytes:
+        return self._codec.encode(message)
+
+    def decode(self, data: bytes | bytearray, message_class: type[Any]) -> Any:
+        try:
+            return self._codec.decode(data, message_class)
+        except ConnectError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever a malformed message raises
+            name = getattr(message_class, "__name__", "message")
+            raise ConnectError(Code.INVALID_ARGUMENT, f"invalid {name}: {exc}"[:500]) from None
+
+
+CODECS = (_Refusing(proto_json_codec()), _Refusing(proto_binary_codec()))
+
+
 def applications(
     sandbox_of: SandboxOf,
 ) -> dict[str, ProcessASGIApplication | FilesystemASGIApplication]:
@@ -317,10 +345,12 @@ def applications(
             ProcessService(sandbox_of),  # type: ignore[arg-type]
             read_max_bytes=READ_MAX_BYTES,
             compressions=(),
+            codecs=CODECS,
         ),
         "/filesystem.Filesystem/": FilesystemASGIApplication(
             FilesystemService(sandbox_of),  # type: ignore[arg-type]
             read_max_bytes=READ_MAX_BYTES,
             compressions=(),
+            codecs=CODECS,
         ),
     }

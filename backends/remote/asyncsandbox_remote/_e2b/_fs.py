@@ -38,6 +38,7 @@ exec mkdir -p -- "$1"
 """
 MOVE = """
 [ -e "$1" ] || [ -L "$1" ] || { echo "no such file or directory" >&2; exit 2; }
+[ "$1" = "$2" ] && exit 0  # (a rename onto itself does nothing, as envd's)
 mkdir -p -- "$(dirname -- "$2")" && exec mv -T -- "$1" "$2"
 """
 REMOVE = 'exec rm -rf -- "$1"'  # (a path that does not exist: nothing to do, as envd)
@@ -147,7 +148,9 @@ def _error(result: ExecResult, path: str) -> ConnectError:
         return ConnectError(Code.PERMISSION_DENIED, message)
     if "not a directory" in lowered:
         return ConnectError(Code.INVALID_ARGUMENT, message)
-    return ConnectError(Code.INTERNAL, message)
+    # What else a command on the sandbox's files refuses is about their state (a move
+    # onto itself, into its own subdirectory, a full disk), never an error of the server.
+    return ConnectError(Code.FAILED_PRECONDITION, message)
 
 
 class Filesystem:
