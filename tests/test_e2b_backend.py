@@ -54,6 +54,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def make(server: Server, key: str = ALICE, **options: Any) -> Callable[[], Backend]:
+    """The e2b backend on the server; its sandboxes run with their template's limits (the
+    suite's sandboxes ask for the default Resources, which E2B cannot set per sandbox)."""
+    options.setdefault("limits", "best-effort")
     return functools.partial(E2bBackend, key, api_url=server.url, sandbox_url=server.url, **options)
 
 
@@ -98,12 +101,27 @@ async def test_session_by_name_reads_the_sdks_variables(
     monkeypatch.setenv("E2B_API_KEY", ALICE)
     monkeypatch.setenv("E2B_API_URL", server.url)
     monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
+    monkeypatch.setenv("ASYNCSANDBOX_E2B_LIMITS", "best-effort")
     async with Session("e2b", sweep=False) as session, session.sandbox() as sb:
         result = await sb.exec(["python3", "-c", "print(6 * 7)"])
         assert result.stdout == b"42\n"
         assert sb.extra(E2bAttributes.template) == "base"
         assert sb.extra(E2bAttributes.api_url) == server.url
     assert ALICE not in repr(session.backend)
+
+
+async def test_a_limit_e2b_cannot_set_is_refused_unless_best_effort(server: Server) -> None:
+    """E2B sets no per-sandbox limit (a template fixes them): a sandbox asking for one is
+    refused, saying which and how to run anyway; without limits it runs."""
+    async with Session(make(server, limits="enforce")(), sweep=False) as session:
+        with pytest.raises(InvalidArgument, match="memory_mb, pids") as refused:
+            await session.sandbox().start()
+        assert "best-effort" in str(refused.value)
+        free = Resources(memory_mb=None, pids=None)
+        async with session.sandbox(resources=free) as sb:
+            assert (await sb.exec(["true"])).returncode == 0
+    with pytest.raises(InvalidArgument, match="limits must be one of"):
+        E2bBackend("k", limits="lax")
 
 
 def test_the_backend_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -51,6 +51,14 @@ API_KEY_ENV = "E2B_API_KEY"
 API_URL_ENV = "E2B_API_URL"
 SANDBOX_URL_ENV = "E2B_SANDBOX_URL"
 DOMAIN_ENV = "E2B_DOMAIN"
+LIMITS_ENV = "ASYNCSANDBOX_E2B_LIMITS"
+LIMITS = ("enforce", "best-effort")
+LIMITS_NOTE = (
+    "an E2B sandbox's CPUs and memory are its template's (set when the template is built) "
+    "and E2B sets no per-sandbox process or disk limit; ask for none (Resources(cpus=None, "
+    "memory_mb=None, pids=None, disk_mb=None)), or run with the template's: "
+    f"backend_options={{'limits': 'best-effort'}} (or ${LIMITS_ENV}=best-effort)"
+)
 DEFAULT_DOMAIN = "e2b.app"
 ROUTED_DOMAINS = frozenset(
     {"e2b.app", "e2b.dev", "e2b.pro", "e2b-staging.dev", "e2b-tango.dev", "e2b-juliett.dev"}
@@ -86,6 +94,11 @@ class E2bBackend(Backend):
     :param template: the template of sandboxes that name no image (an image is a
         template's name or id: ``session.sandbox(image="code-interpreter-v1")``).
     :param user: the sandbox user commands and files run as (E2B's images: ``user``).
+    :param limits: ``"enforce"`` (default): a sandbox asking for a
+        :class:`~asyncsandbox.Resources` limit is refused, as E2B cannot set one per
+        sandbox (a template fixes them); ``"best-effort"``: such sandboxes run with their
+        template's (the Session warns once). Default: ``$ASYNCSANDBOX_E2B_LIMITS``, else
+        ``"enforce"``.
     :param lease_seconds: the timeout each sandbox is given and kept at while in use
         (see the module docstring).
     :param timeout: seconds any single read or write on a connection may take (envd pings
@@ -111,6 +124,7 @@ class E2bBackend(Backend):
         domain: str | None = None,
         template: str = "base",
         user: str = "user",
+        limits: str | None = None,
         lease_seconds: float = 120.0,
         timeout: float = 60.0,
         connect_timeout: float = 10.0,
@@ -143,6 +157,11 @@ class E2bBackend(Backend):
             raise InvalidArgument("attempts must be an integer >= 1")
         if not template or not user:
             raise InvalidArgument("template and user must be non-empty")
+        chosen = limits if limits is not None else os.environ.get(LIMITS_ENV) or "enforce"
+        if chosen not in LIMITS:
+            where = "limits" if limits is not None else f"${LIMITS_ENV}"
+            raise InvalidArgument(f"{where} must be one of {', '.join(LIMITS)}; got {chosen!r}")
+        self.best_effort_limits = chosen == "best-effort"
         assert isinstance(url, str)
         self.api_url = url.rstrip("/")
         self.sandbox_url = sandboxes.rstrip("/") if isinstance(sandboxes, str) else None
@@ -172,6 +191,8 @@ class E2bBackend(Backend):
     def capabilities(self) -> BackendCapabilities:
         return BackendCapabilities(
             isolation=f"E2B sandboxes of the E2B-compatible API at {self.api_url}",
+            best_effort_limits=self.best_effort_limits,
+            limits_note=LIMITS_NOTE,
             network_modes=frozenset({"none", "host"}),
             snapshots=True,
         )
