@@ -6,6 +6,7 @@ asyncio-only), pointed at the server as a user points it: ``E2B_API_URL``,
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,8 @@ from e2b import (
     FileNotFoundException,
     Sandbox,
     SandboxException,
+    SandboxNotRunningException,
+    SandboxQuery,
     TimeoutException,
 )
 
@@ -327,3 +330,52 @@ def test_filesystem_only_snapshots(sandbox: Sandbox) -> None:
     assert Sandbox.delete_snapshot(info.snapshot_id) is False
     with pytest.raises(SandboxException, match="memory snapshot"):
         sandbox.create_snapshot()
+
+
+def test_a_command_whose_sandbox_is_killed_ends_not_running(sandbox: Sandbox) -> None:
+    """The command's stream ends UNAVAILABLE; the SDK probes the sandbox (502 "was not
+    found") and says it is gone."""
+    running = sandbox.commands.run("sleep 60", background=True)
+    sandbox.kill()
+    with pytest.raises(SandboxNotRunningException, match="killed or reached its end of life"):
+        running.wait()
+
+
+def test_files_show_the_sandboxs_user_as_user_and_writes_raise_envds_events(
+    sandbox: Sandbox,
+) -> None:
+    """The sandbox's user is E2B's `user` in file listings; a write through /files raises
+    the events envd's upload raises (create, chmod, write), at once."""
+    sandbox.files.make_dir("watched")
+    info = sandbox.files.get_info("watched")
+    assert (info.owner, info.group) == ("user", "user")
+    handle = sandbox.files.watch_dir("watched", recursive=True)
+    try:
+        sandbox.files.write("watched/new/a.txt", "a")
+        events = [(e.type.value, e.name) for e in handle.get_new_events()]
+        assert events == [
+            ("create", "new"),
+            ("chmod", "new"),
+            ("create", "new/a.txt"),
+            ("chmod", "new/a.txt"),
+            ("write", "new/a.txt"),
+        ]
+        sandbox.files.write("watched/new/a.txt", "b")
+        assert [(e.type.value, e.name) for e in handle.get_new_events()] == [
+            ("chmod", "new/a.txt"),
+            ("write", "new/a.txt"),
+        ]
+    finally:
+        handle.stop()
+
+
+def test_listings_are_newest_first(e2b_env: str) -> None:
+    tag = {"listing": secrets.token_hex(4)}
+    first = Sandbox.create("base", metadata=tag)
+    second = Sandbox.create("base", metadata=tag)
+    try:
+        listed = Sandbox.list(query=SandboxQuery(metadata=tag)).next_items()
+        assert [s.sandbox_id for s in listed] == [second.sandbox_id, first.sandbox_id]
+    finally:
+        first.kill()
+        second.kill()

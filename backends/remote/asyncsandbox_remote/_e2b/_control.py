@@ -564,7 +564,11 @@ class ControlPlane:
             and (template is None or s.template == template)
             and (after is None or s.started_at >= after - 1e-3)
         ]
-        chosen.sort(key=lambda s: (s.started_at, s.id), reverse=query.get("order") == "desc")
+        order = query.get("order") or "desc"
+        if order not in ("asc", "desc"):
+            raise _E2bError(400, "order must be asc or desc")
+        # Newest first unless asked otherwise, as E2B lists them.
+        chosen.sort(key=lambda s: (s.started_at, s.id), reverse=order == "desc")
         return chosen
 
     async def list_v1(self, request: Request) -> Response:

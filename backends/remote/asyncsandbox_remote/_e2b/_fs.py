@@ -22,12 +22,16 @@ from asyncsandbox import ExecResult, InvalidArgument, Sandbox, SandboxError
 __all__ = ("Entry", "Filesystem", "resolve")
 
 HOME = "/home/user"
-FIELDS = 10
-# type, target type, size, mode (octal), permissions (ls), owner, group, mtime, link, path
-FORMAT = r"%y\0%Y\0%s\0%m\0%M\0%u\0%g\0%T@\0%l\0%p\0"
+USER = "user"
+"""E2B's name for the sandbox's user: files it owns are shown as owned by ``user``."""
+FIELDS = 12
+# type, target type, size, mode (octal), permissions (ls), owner, group, uid, gid, mtime,
+# link, path
+FORMAT = r"%y\0%Y\0%s\0%m\0%M\0%u\0%g\0%U\0%G\0%T@\0%l\0%p\0"
 STAT = f"""
 p=$1 depth=$2
 [ -e "$p" ] || [ -L "$p" ] || {{ echo "no such file or directory" >&2; exit 2; }}
+printf '%s\\0%s\\0' "$(id -u)" "$(id -g)"
 if [ "$depth" = 0 ]; then exec find "$p" -maxdepth 0 -printf '{FORMAT}'; fi
 [ -d "$p" ] || {{ echo "path is not a directory" >&2; exit 3; }}
 exec find "$p" -mindepth 1 -maxdepth "$depth" -printf '{FORMAT}'
@@ -108,11 +112,15 @@ class Entry:
 
 
 def parse(output: bytes) -> list[Entry]:
+    """The entries ``STAT`` printed: the sandbox user's uid and gid, then a record per
+    entry; what the sandbox's user owns is shown as owned by E2B's ``user``."""
     fields = output.split(b"\0")
+    uid, gid = (fields[0], fields[1]) if len(fields) > 2 else (b"", b"")
     entries = []
-    for i in range(0, len(fields) - FIELDS + 1, FIELDS):
-        kind, target, size, mode, perms, owner, group, mtime, link, path = (
-            f.decode("utf-8", "surrogateescape") for f in fields[i : i + FIELDS]
+    for i in range(2, len(fields) - FIELDS + 1, FIELDS):
+        record = fields[i : i + FIELDS]
+        kind, target, size, mode, perms, owner, group, _, _, mtime, link, path = (
+            f.decode("utf-8", "surrogateescape") for f in record
         )
         try:
             entries.append(
@@ -122,8 +130,8 @@ def parse(output: bytes) -> list[Entry]:
                     size=int(size),
                     mode=int(mode, 8),
                     permissions=perms,
-                    owner=owner,
-                    group=group,
+                    owner=USER if record[7] == uid else owner,
+                    group=USER if record[8] == gid else group,
                     mtime=float(mtime),
                     link=link,
                     path=path,

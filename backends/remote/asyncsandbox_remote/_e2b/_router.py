@@ -253,6 +253,8 @@ class E2bRouter:
                 await target.write_file(path, data)
             except (InvalidArgument, SandboxError) as exc:
                 raise _file_error(exc, path) from None
+            if sandbox.watchers is not None:
+                sandbox.watchers.wrote(path, empty=not data)
             written.append({"path": path, "name": posixpath.basename(path), "type": "file"})
         return Response(msgspec.json.encode(written), media_type="application/json")
 

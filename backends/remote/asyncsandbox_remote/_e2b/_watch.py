@@ -1,10 +1,16 @@
 """Directory watchers (envd's ``WatchDir`` stream, and ``CreateWatcher`` /
 ``GetWatcherEvents`` / ``RemoveWatcher`` for clients that poll), by polling: the
 watcher lists the directory (one ``find`` in the sandbox) every :data:`INTERVAL`
-seconds, and once more when a polling client asks for its events, and reports what changed as inotify would: a new file is ``CREATE`` then
-``WRITE``, a new directory ``CREATE``, a file whose size or time changed ``WRITE``, a
-vanished entry ``REMOVE``. Changes that cancel out within one interval are not seen, and
-a rename is a ``REMOVE`` and a ``CREATE``.
+seconds, and once more when a polling client asks for its events, and reports what
+changed as inotify would: a new file is ``CREATE`` then ``WRITE``, a new directory
+``CREATE``, a file whose size or time changed ``WRITE``, a vanished entry ``REMOVE``.
+Changes that cancel out within one interval are not seen, and a rename is a ``REMOVE``
+and a ``CREATE``.
+
+A file written through envd's ``/files`` is reported at once, with the events envd's
+upload raises (it creates the file, gives it to the user, writes it): ``CREATE``,
+``CHMOD``, ``WRITE`` for a new file (and ``CREATE``, ``CHMOD`` for each directory it
+made), ``CHMOD``, ``WRITE`` for one replaced; the next listing takes it in silently.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ class Watcher:
         self.scope = anyio.CancelScope()
         self.failed: ConnectError | None = None
         self._lock = anyio.Lock()
+        self._recursive = recursive
+        self._quiet: set[str] = set()
+        """Paths reported by :meth:`wrote`, which the next listing takes in silently."""
 
     async def prime(self) -> None:
         """Take the first listing (raises NOT_FOUND, or INVALID_ARGUMENT for a file)."""
@@ -74,6 +83,8 @@ class Watcher:
                 self.changed.set()
                 return
             for path, entry in now.items():
+                if path in self._quiet:
+                    continue
                 before = self._seen.get(path)
                 if before is None:
                     self._emit(EventType.CREATE, path)
@@ -81,9 +92,41 @@ class Watcher:
                         self._emit(EventType.WRITE, path)
                 elif before.key != entry.key and entry.kind != "d":
                     self._emit(EventType.WRITE, path)
-            for path in self._seen.keys() - now.keys():
+            for path in self._seen.keys() - now.keys() - self._quiet:
                 self._emit(EventType.REMOVE, path)
+            self._quiet -= now.keys()
             self._seen = now
+
+    def _covers(self, path: str) -> bool:
+        parent = posixpath.dirname(path)
+        if self._recursive:
+            return parent == self.path or parent.startswith(self.path.rstrip("/") + "/")
+        return parent == self.path
+
+    def wrote(self, path: str, *, empty: bool) -> None:
+        """``path`` was written through envd's upload: report the events envd's raises
+        (see the module docstring)."""
+        if self.failed is not None or not self._covers(path):
+            return
+        known = self._seen.keys() | self._quiet
+        made = []
+        parent = posixpath.dirname(path)
+        while parent != self.path and parent not in known and self._covers(parent):
+            made.append(parent)
+            parent = posixpath.dirname(parent)
+        for directory in reversed(made):
+            self._emit(EventType.CREATE, directory)
+            self._emit(EventType.CHMOD, directory)
+        if path not in known:
+            self._emit(EventType.CREATE, path)
+            self._emit(EventType.CHMOD, path)
+            if not empty:
+                self._emit(EventType.WRITE, path)
+        else:
+            self._emit(EventType.CHMOD, path)
+            self._emit(EventType.WRITE, path)
+        self._quiet.update(made)
+        self._quiet.add(path)
 
     def take(self) -> list[filesystem_pb.FilesystemEvent]:
         events, self.events = self.events, []
@@ -122,6 +165,11 @@ class Watchers:
         watcher = self._watchers.pop(watcher_id, None)
         if watcher is not None:
             watcher.scope.cancel()
+
+    def wrote(self, path: str, *, empty: bool) -> None:
+        """``path`` was written through envd's upload (see :meth:`Watcher.wrote`)."""
+        for watcher in self._watchers.values():
+            watcher.wrote(path, empty=empty)
 
     def close(self) -> None:
         for watcher_id in list(self._watchers):
