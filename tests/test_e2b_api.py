@@ -379,3 +379,29 @@ def test_listings_are_newest_first(e2b_env: str) -> None:
     finally:
         first.kill()
         second.kill()
+
+
+def test_file_metadata_is_kept_as_envd_keeps_it(sandbox: Sandbox) -> None:
+    """envd 0.6.2's file metadata: set by an upload, shown by get_info and list, moved
+    with a rename, replaced (or cleared) by the next upload; an extended attribute set from
+    inside shows too. envd 0.6.3: watch events carry their entry."""
+    info = sandbox.files.write("meta.txt", "x", metadata={"author": "me", "stage": "one"})
+    assert info.metadata == {"author": "me", "stage": "one"}
+    assert sandbox.files.get_info("meta.txt").metadata == {"author": "me", "stage": "one"}
+    sandbox.files.rename("meta.txt", "moved.txt")
+    assert [e.metadata for e in sandbox.files.list(".") if e.name == "moved.txt"] == [
+        {"author": "me", "stage": "one"}
+    ]
+    assert sandbox.files.write("moved.txt", "y").metadata is None
+    assert sandbox.files.get_info("moved.txt").metadata is None
+    sandbox.commands.run("python3 -c \"import os; os.setxattr('moved.txt', 'user.e2b.k', b'v')\"")
+    assert sandbox.files.get_info("moved.txt").metadata == {"k": "v"}
+    sandbox.files.make_dir("seen")
+    handle = sandbox.files.watch_dir("seen", include_entry=True)
+    try:
+        sandbox.files.write("seen/f.txt", "z")
+        (write,) = [e for e in handle.get_new_events() if e.type.value == "write"]
+        assert write.entry is not None
+        assert (write.entry.path, write.entry.size) == ("/home/user/seen/f.txt", 1)
+    finally:
+        handle.stop()

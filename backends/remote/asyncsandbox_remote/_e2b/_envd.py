@@ -258,7 +258,12 @@ class FilesystemService:
         deadline = _deadline(ctx)
         keepalive = _keepalive(ctx)
         watcher = await _bounded(
-            ctx, watchers.create(resolve(request.path), recursive=request.recursive)
+            ctx,
+            watchers.create(
+                resolve(request.path),
+                recursive=request.recursive,
+                include_entry=request.include_entry,
+            ),
         )
         try:
             start = filesystem_pb.WatchDirResponse.StartEvent()
@@ -285,7 +290,12 @@ class FilesystemService:
     ) -> filesystem_pb.CreateWatcherResponse:
         _, watchers = self._parts(ctx)
         watcher = await _bounded(
-            ctx, watchers.create(resolve(request.path), recursive=request.recursive)
+            ctx,
+            watchers.create(
+                resolve(request.path),
+                recursive=request.recursive,
+                include_entry=request.include_entry,
+            ),
         )
         return filesystem_pb.CreateWatcherResponse(watcher_id=watcher.id)
 

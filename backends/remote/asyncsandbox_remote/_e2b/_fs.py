@@ -1,17 +1,21 @@
 """envd's filesystem operations, as commands in the sandbox (through the public
 :class:`asyncsandbox.Sandbox`, like everything the server does in a sandbox): a stat or a
-directory listing is one ``find -printf`` whose records are NUL-separated, so any file
-name comes back intact; ``mkdir``, ``mv`` and ``rm`` do the rest. Paths are resolved
-against the sandbox's home (``/home/user``, its working directory) as envd resolves them,
-and every command runs inside the sandbox: a path can name nothing outside it.
+directory listing is one run of ``_lister.py`` whose records are NUL-separated, so any
+file name comes back intact, with the file's metadata (its ``user.e2b.*`` extended
+attributes, as envd keeps it); ``mkdir``, ``mv`` and ``rm`` do the rest. Paths are
+resolved against the sandbox's home (``/home/user``, its working directory) as envd
+resolves them, and every command runs inside the sandbox: a path can name nothing
+outside it.
 """
 
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
+import msgspec
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from e2b.envd.filesystem import filesystem_pb
@@ -24,18 +28,10 @@ __all__ = ("Entry", "Filesystem", "resolve")
 HOME = "/home/user"
 USER = "user"
 """E2B's name for the sandbox's user: files it owns are shown as owned by ``user``."""
-FIELDS = 12
-# type, target type, size, mode (octal), permissions (ls), owner, group, uid, gid, mtime,
-# link, path
-FORMAT = r"%y\0%Y\0%s\0%m\0%M\0%u\0%g\0%U\0%G\0%T@\0%l\0%p\0"
-STAT = f"""
-p=$1 depth=$2
-[ -e "$p" ] || [ -L "$p" ] || {{ echo "no such file or directory" >&2; exit 2; }}
-printf '%s\\0%s\\0' "$(id -u)" "$(id -g)"
-if [ "$depth" = 0 ]; then exec find "$p" -maxdepth 0 -printf '{FORMAT}'; fi
-[ -d "$p" ] || {{ echo "path is not a directory" >&2; exit 3; }}
-exec find "$p" -mindepth 1 -maxdepth "$depth" -printf '{FORMAT}'
-"""
+LISTER = Path(__file__).with_name("_lister.py").read_text()
+FIELDS = 11
+"""type, target type, size, mode (octal), permissions (ls), owner, group, mtime, link,
+metadata (JSON), path: see ``_lister.py``."""
 MKDIR = """
 [ -e "$1" ] && { echo "directory already exists" >&2; exit 17; }
 exec mkdir -p -- "$1"
@@ -67,7 +63,7 @@ def resolve(path: str, home: str = HOME) -> str:
 
 @dataclass(frozen=True)
 class Entry:
-    """One file as ``find`` described it."""
+    """One file as the lister described it."""
 
     kind: str
     target_kind: str
@@ -79,6 +75,7 @@ class Entry:
     mtime: float
     link: str
     path: str
+    metadata: dict[str, str] = field(default_factory=dict)
 
     def info(self) -> filesystem_pb.EntryInfo:
         """envd's ``EntryInfo``: a symlink has its target's type and its absolute target."""
@@ -96,6 +93,8 @@ class Entry:
             modified_time=Timestamp(seconds=seconds, nanos=int((self.mtime - seconds) * 1e9)),
             is_symlink=self.kind == "l",
         )
+        if self.metadata:
+            info.metadata = dict(self.metadata)
         if self.kind == "l":
             info.symlink_target = posixpath.normpath(
                 posixpath.join(posixpath.dirname(self.path), self.link)
@@ -112,15 +111,11 @@ class Entry:
 
 
 def parse(output: bytes) -> list[Entry]:
-    """The entries ``STAT`` printed: the sandbox user's uid and gid, then a record per
-    entry; what the sandbox's user owns is shown as owned by E2B's ``user``."""
     fields = output.split(b"\0")
-    uid, gid = (fields[0], fields[1]) if len(fields) > 2 else (b"", b"")
     entries = []
-    for i in range(2, len(fields) - FIELDS + 1, FIELDS):
-        record = fields[i : i + FIELDS]
-        kind, target, size, mode, perms, owner, group, _, _, mtime, link, path = (
-            f.decode("utf-8", "surrogateescape") for f in record
+    for i in range(0, len(fields) - FIELDS + 1, FIELDS):
+        kind, target, size, mode, perms, owner, group, mtime, link, meta, path = (
+            f.decode("utf-8", "surrogateescape") for f in fields[i : i + FIELDS]
         )
         try:
             entries.append(
@@ -130,14 +125,15 @@ def parse(output: bytes) -> list[Entry]:
                     size=int(size),
                     mode=int(mode, 8),
                     permissions=perms,
-                    owner=USER if record[7] == uid else owner,
-                    group=USER if record[8] == gid else group,
+                    owner=owner,
+                    group=group,
                     mtime=float(mtime),
                     link=link,
                     path=path,
+                    metadata=msgspec.json.decode(meta, type=dict[str, str]),
                 )
             )
-        except ValueError:
+        except (ValueError, msgspec.DecodeError):
             continue  # (a file that changed while it was listed)
     return entries
 
@@ -166,10 +162,15 @@ class Filesystem:
 
     def __init__(self, sandbox: Sandbox) -> None:
         self._sandbox = sandbox
+        self.tagged: set[str] = set()
+        """Files given metadata through uploads: an upload without metadata clears it."""
 
     async def _run(self, script: str, *args: str) -> ExecResult:
+        return await self._exec(("sh", "-c", script, "sh", *args))
+
+    async def _exec(self, argv: tuple[str, ...]) -> ExecResult:
         try:
-            return await self._sandbox.exec(("sh", "-c", script, "sh", *args))
+            return await self._sandbox.exec(argv)
         except InvalidArgument as exc:
             raise ConnectError(Code.INVALID_ARGUMENT, str(exc)) from None
         except SandboxError as exc:
@@ -177,10 +178,24 @@ class Filesystem:
 
     async def entries(self, path: str, depth: int) -> list[Entry]:
         """``path`` itself (depth 0) or what it holds down to ``depth`` levels."""
-        result = await self._run(STAT, path, str(depth))
+        result = await self._exec(
+            ("python3", "-I", "-S", "-c", LISTER, "list", path, str(depth), USER)
+        )
         if result.returncode != 0:
             raise _error(result, path)
         return sorted(parse(result.stdout), key=lambda e: e.path)
+
+    async def tag(self, path: str, metadata: dict[str, str]) -> None:
+        """Make ``metadata`` the file's (envd's ``user.e2b.*`` extended attributes),
+        replacing what it had."""
+        wanted = msgspec.json.encode(metadata).decode()
+        result = await self._exec(("python3", "-I", "-S", "-c", LISTER, "tag", path, wanted))
+        if result.returncode != 0:
+            raise _error(result, path)
+        if metadata:
+            self.tagged.add(path)
+        else:
+            self.tagged.discard(path)
 
     async def stat(self, path: str) -> filesystem_pb.EntryInfo:
         entries = await self.entries(path, 0)
@@ -198,9 +213,18 @@ class Filesystem:
         result = await self._run(MOVE, source, destination)
         if result.returncode != 0:
             raise _error(result, source)
+        self._forget(source, moved_to=destination)
         return await self.stat(destination)
 
     async def remove(self, path: str) -> None:
         result = await self._run(REMOVE, path)
         if result.returncode != 0:
             raise _error(result, path)
+        self._forget(path)
+
+    def _forget(self, path: str, *, moved_to: str | None = None) -> None:
+        inside = path.rstrip("/") + "/"
+        for tagged in [t for t in self.tagged if t == path or t.startswith(inside)]:
+            self.tagged.discard(tagged)
+            if moved_to is not None:
+                self.tagged.add(moved_to + tagged[len(path) :])

@@ -17,9 +17,10 @@ import binascii
 import gzip
 import posixpath
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+from connectrpc.errors import ConnectError
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
@@ -245,6 +246,8 @@ class E2bRouter:
             if request.headers.get("content-encoding", "") == "gzip":
                 data = _gunzip(data, limit)
             files.append((resolve(request.query_params.get("path", "")), data))
+        metadata = _metadata(request.headers)
+        fs = sandbox.fs
         written = []
         for path, data in files:
             if len(data) > limit:
@@ -253,9 +256,18 @@ class E2bRouter:
                 await target.write_file(path, data)
             except (InvalidArgument, SandboxError) as exc:
                 raise _file_error(exc, path) from None
+            entry: dict[str, Any] = {"path": path, "name": posixpath.basename(path), "type": "file"}
+            if fs is not None and (metadata or path in fs.tagged):
+                # envd's upload replaces the file's metadata (none: it clears it).
+                try:
+                    await fs.tag(path, metadata)
+                except ConnectError as exc:
+                    raise _FileError(400, f"{path[:200]}: {exc.message}") from None
+            if metadata:
+                entry["metadata"] = metadata
             if sandbox.watchers is not None:
-                sandbox.watchers.wrote(path, empty=not data)
-            written.append({"path": path, "name": posixpath.basename(path), "type": "file"})
+                await sandbox.watchers.wrote(path, empty=not data)
+            written.append(entry)
         return Response(msgspec.json.encode(written), media_type="application/json")
 
 
@@ -289,6 +301,23 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     if len(out) > limit:
         raise _FileError(413, f"the file exceeds the server's limit of {limit} bytes")
     return out
+
+
+METADATA_PREFIX = "x-metadata-"
+MAX_METADATA = 64
+
+
+def _metadata(headers: Headers) -> dict[str, str]:
+    """An upload's metadata: its ``X-Metadata-<key>`` headers (names lowercased, as HTTP
+    header names are case-insensitive)."""
+    found = {
+        name[len(METADATA_PREFIX) :]: value
+        for name, value in headers.items()
+        if name.startswith(METADATA_PREFIX) and len(name) > len(METADATA_PREFIX)
+    }
+    if len(found) > MAX_METADATA:
+        raise _FileError(400, f"at most {MAX_METADATA} metadata entries per upload")
+    return found
 
 
 def _basic_user(header: str) -> str:

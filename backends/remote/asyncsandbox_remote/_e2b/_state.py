@@ -26,11 +26,12 @@ if TYPE_CHECKING:
 
 __all__ = ("E2bSandbox", "Registry", "new_id")
 
-ENVD_VERSION = "0.6.1"
+ENVD_VERSION = "0.6.4"
 """The envd version advertised. It gates the SDK's features (``e2b/envd/versions.py``):
 stdin control (0.3.0), a default user (0.4.0), closing stdin (0.5.2), octet-stream uploads
-(0.5.7). Not 0.6.2 and later: file metadata (extended attributes), entries in watch events
-and network mounts are not offered, and the SDK refuses them itself with a clear error."""
+(0.5.7), file metadata as ``user.e2b.*`` extended attributes (0.6.2), entries in watch
+events (0.6.3), watching directories on network mounts (0.6.4: the watchers poll, which
+works on any filesystem)."""
 
 
 def new_id() -> str:

@@ -39,7 +39,9 @@ EventType = filesystem_pb.EventType
 class Watcher:
     """One watched directory; its events go to :attr:`events` (bounded)."""
 
-    def __init__(self, fs: Filesystem, path: str, *, recursive: bool) -> None:
+    def __init__(
+        self, fs: Filesystem, path: str, *, recursive: bool, include_entry: bool = False
+    ) -> None:
         self.id = secrets.token_hex(8)
         self.path = path
         self._fs = fs
@@ -51,6 +53,8 @@ class Watcher:
         self.failed: ConnectError | None = None
         self._lock = anyio.Lock()
         self._recursive = recursive
+        self.include_entry = include_entry
+        """Events carry the entry they are about (envd 0.6.3), where it still exists."""
         self._quiet: set[str] = set()
         """Paths reported by :meth:`wrote`, which the next listing takes in silently."""
 
@@ -58,11 +62,14 @@ class Watcher:
         """Take the first listing (raises NOT_FOUND, or INVALID_ARGUMENT for a file)."""
         self._seen = {e.path: e for e in await self._fs.entries(self.path, self._depth)}
 
-    def _emit(self, kind: int, path: str) -> None:
+    def _emit(self, kind: int, path: str, entry: Entry | None = None) -> None:
         if len(self.events) >= MAX_PENDING:
             del self.events[: MAX_PENDING // 2]  # a client that never reads loses the oldest
         name = posixpath.relpath(path, self.path)
-        self.events.append(filesystem_pb.FilesystemEvent(name=name, type=kind))  # type: ignore[arg-type]
+        event = filesystem_pb.FilesystemEvent(name=name, type=kind)  # type: ignore[arg-type]
+        if entry is not None and self.include_entry:
+            event.entry = entry.info()
+        self.events.append(event)
         self.changed.set()
 
     async def run(self) -> None:
@@ -87,11 +94,11 @@ class Watcher:
                     continue
                 before = self._seen.get(path)
                 if before is None:
-                    self._emit(EventType.CREATE, path)
+                    self._emit(EventType.CREATE, path, entry)
                     if entry.kind == "f" and entry.size > 0:
-                        self._emit(EventType.WRITE, path)
+                        self._emit(EventType.WRITE, path, entry)
                 elif before.key != entry.key and entry.kind != "d":
-                    self._emit(EventType.WRITE, path)
+                    self._emit(EventType.WRITE, path, entry)
             for path in self._seen.keys() - now.keys() - self._quiet:
                 self._emit(EventType.REMOVE, path)
             self._quiet -= now.keys()
@@ -103,10 +110,14 @@ class Watcher:
             return parent == self.path or parent.startswith(self.path.rstrip("/") + "/")
         return parent == self.path
 
-    def wrote(self, path: str, *, empty: bool) -> None:
+    def covers(self, path: str) -> bool:
+        """Whether a change of ``path`` is this watcher's to report."""
+        return self.failed is None and self._covers(path)
+
+    def wrote(self, path: str, *, empty: bool, entry: Entry | None) -> None:
         """``path`` was written through envd's upload: report the events envd's raises
         (see the module docstring)."""
-        if self.failed is not None or not self._covers(path):
+        if not self.covers(path):
             return
         known = self._seen.keys() | self._quiet
         made = []
@@ -118,13 +129,13 @@ class Watcher:
             self._emit(EventType.CREATE, directory)
             self._emit(EventType.CHMOD, directory)
         if path not in known:
-            self._emit(EventType.CREATE, path)
-            self._emit(EventType.CHMOD, path)
+            self._emit(EventType.CREATE, path, entry)
+            self._emit(EventType.CHMOD, path, entry)
             if not empty:
-                self._emit(EventType.WRITE, path)
+                self._emit(EventType.WRITE, path, entry)
         else:
-            self._emit(EventType.CHMOD, path)
-            self._emit(EventType.WRITE, path)
+            self._emit(EventType.CHMOD, path, entry)
+            self._emit(EventType.WRITE, path, entry)
         self._quiet.update(made)
         self._quiet.add(path)
 
@@ -144,12 +155,12 @@ class Watchers:
         self._task_group = task_group
         self._watchers: dict[str, Watcher] = {}
 
-    async def create(self, path: str, *, recursive: bool) -> Watcher:
+    async def create(self, path: str, *, recursive: bool, include_entry: bool = False) -> Watcher:
         if len(self._watchers) >= MAX_WATCHERS:
             raise ConnectError(
                 Code.RESOURCE_EXHAUSTED, f"the sandbox has {MAX_WATCHERS} watchers already"
             )
-        watcher = Watcher(self._fs, path, recursive=recursive)
+        watcher = Watcher(self._fs, path, recursive=recursive, include_entry=include_entry)
         await watcher.prime()
         self._watchers[watcher.id] = watcher
         self._task_group().start_soon(watcher.run)
@@ -166,10 +177,16 @@ class Watchers:
         if watcher is not None:
             watcher.scope.cancel()
 
-    def wrote(self, path: str, *, empty: bool) -> None:
-        """``path`` was written through envd's upload (see :meth:`Watcher.wrote`)."""
-        for watcher in self._watchers.values():
-            watcher.wrote(path, empty=empty)
+    async def wrote(self, path: str, *, empty: bool) -> None:
+        """``path`` was written through envd's upload (see :meth:`Watcher.wrote`); its
+        entry is described once if a watcher wants it."""
+        watchers = [w for w in self._watchers.values() if w.covers(path)]
+        entry = None
+        if any(w.include_entry for w in watchers):
+            found = await self._fs.entries(path, 0)
+            entry = found[0] if found else None
+        for watcher in watchers:
+            watcher.wrote(path, empty=empty, entry=entry)
 
     def close(self) -> None:
         for watcher_id in list(self._watchers):
