@@ -363,6 +363,21 @@ def test_sweep_removes_what_a_killed_owner_left(process_root: Path) -> None:
 # -- isolation mechanisms ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("mechanism", PROCESS_MECHANISMS)
+async def test_a_pseudo_terminal_opens(mechanism: str, process_root: Path) -> None:
+    """The sandbox's own /dev/pts gives terminals to its user (interactive programs, E2B's
+    PTY sessions): its /dev/ptmx opens. (The native launcher's devpts had ptmxmode 000:
+    openpty failed with EACCES.)"""
+    if problem := mechanism_unavailable(mechanism):
+        pytest.skip(problem)
+    program = "import os; master, slave = os.openpty(); print(os.ttyname(slave))"
+    async with session(process_root, backend_options=process_options(mechanism)) as s:
+        result = await s.run(["python3", "-c", program], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(b"/dev/pts/")
+
+
 # The mechanism is independent of the async library: asyncio suffices here (the default
 # mechanism runs the suite on trio too, in test_conformance.py).
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])

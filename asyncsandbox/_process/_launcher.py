@@ -326,7 +326,13 @@ def build_dev(dev: str, shm_size: str) -> None:
     os.mkdir(f"{dev}/pts")
     # Pseudo-terminals where the kernel allows devpts in a user namespace; none otherwise.
     try:
-        mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,mode=620")
+        mount(
+            "devpts",
+            f"{dev}/pts",
+            "devpts",
+            MS_NOSUID | MS_NOEXEC,
+            "newinstance,ptmxmode=0666,mode=620",
+        )
     except SetupError:
         pass
     remount(dev, MS_RDONLY | MS_NOSUID | MS_NOEXEC)
