@@ -25,6 +25,7 @@ from e2b import (
     SandboxQuery,
     TimeoutException,
 )
+from e2b.sandbox.commands.command_handle import PtySize
 
 from .conftest import docker_test_image, require_docker
 from .test_remote import ALICE, BOB, Server, _new_root
@@ -405,3 +406,24 @@ def test_file_metadata_is_kept_as_envd_keeps_it(sandbox: Sandbox) -> None:
         assert (write.entry.path, write.entry.size) == ("/home/user/seen/f.txt", 1)
     finally:
         handle.stop()
+
+
+def test_pty_sessions(sandbox: Sandbox) -> None:
+    """A PTY session: a login shell on a terminal of the asked size, input, a resize (the
+    shell sees it), reconnecting to it, killing it."""
+    output: list[bytes] = []
+    terminal = sandbox.pty.create(PtySize(cols=80, rows=24), envs={"ABC": "123"})
+    sandbox.pty.send_stdin(terminal.pid, b"tty; echo $ABC; tput cols\n")
+    sandbox.pty.resize(terminal.pid, PtySize(cols=100, rows=30))
+    terminal.disconnect()
+    again = sandbox.pty.connect(terminal.pid)
+    sandbox.pty.send_stdin(terminal.pid, b"tput cols; exit 4\n")
+    with pytest.raises(CommandExitException) as ended:
+        again.wait(on_pty=output.append)
+    assert ended.value.exit_code == 4
+    text = b"".join(output).decode(errors="replace")
+    assert "100" in text
+    other = sandbox.pty.create(PtySize(cols=80, rows=24))
+    assert sandbox.pty.kill(other.pid) is True
+    with pytest.raises(CommandExitException):
+        other.wait()

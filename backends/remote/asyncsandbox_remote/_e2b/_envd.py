@@ -90,12 +90,6 @@ class ProcessService:
     ) -> AsyncIterator[process_pb.StartResponse]:
         sandbox = self._sandbox_of(ctx)
         processes = _processes(sandbox)
-        if request.pty is not None:
-            raise ConnectError(
-                Code.UNIMPLEMENTED,
-                "PTY sessions are not offered by asyncsandbox serve: commands run with "
-                "pipes (use commands.run)",
-            )
         config = request.process or process_pb.ProcessConfig()
         deadline = _deadline(ctx)
         config = process_pb.ProcessConfig(
@@ -107,7 +101,7 @@ class ProcessService:
         tag = request.tag if request.has_field("tag") else None
         stdin = bool(request.stdin) if request.has_field("stdin") else False
         proc, events = await _bounded(
-            ctx, processes.start(config, tag, stdin=stdin, deadline=deadline)
+            ctx, processes.start(config, tag, stdin=stdin, pty=request.pty, deadline=deadline)
         )
 
         async def kill() -> None:
@@ -140,7 +134,13 @@ class ProcessService:
     async def update(
         self, request: process_pb.UpdateRequest, ctx: RequestContext[object, object], /
     ) -> process_pb.UpdateResponse:
-        raise ConnectError(Code.UNIMPLEMENTED, "PTY sessions are not offered by asyncsandbox serve")
+        processes = _processes(self._sandbox_of(ctx))
+        proc = processes.find(request.process)
+        size = request.pty.size if request.pty is not None else None
+        if size is None:
+            raise ConnectError(Code.INVALID_ARGUMENT, "pty.size is required")
+        await _bounded(ctx, processes.resize(proc, size.rows, size.cols))
+        return process_pb.UpdateResponse()
 
     async def stream_input(
         self,
@@ -198,9 +198,9 @@ def _input(value: process_pb.ProcessInput | None) -> bytes:
     match value.input if value is not None else None:
         case Oneof(field="stdin", value=data):
             return bytes(data)
-        case Oneof(field="pty"):
-            raise ConnectError(Code.UNIMPLEMENTED, "PTY input: PTY sessions are not offered")
-    raise ConnectError(Code.INVALID_ARGUMENT, "input.stdin is required")
+        case Oneof(field="pty", value=data):
+            return bytes(data)
+    raise ConnectError(Code.INVALID_ARGUMENT, "input.stdin or input.pty is required")
 
 
 class FilesystemService:

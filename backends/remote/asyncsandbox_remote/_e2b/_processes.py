@@ -15,6 +15,9 @@
   process keeps open for writing; each ``SendInput`` writes to it with one command, in
   order; ``CloseStdin`` ends the holder, so the command reads end of file. Without
   ``stdin=True`` a command's stdin is empty (``/dev/null``).
+* **PTY sessions** (``pty``): the command runs on a pseudo-terminal of ``_pty.py``'s in
+  the sandbox, whose input is such a FIFO and whose output is the session's ``pty`` data;
+  ``Update`` writes the new size to a second FIFO the relay reads.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import anyio
 from anyio.abc import ObjectReceiveStream, TaskGroup
@@ -50,6 +54,7 @@ __all__ = ("Proc", "Processes", "end_event")
 log = get_logger("asyncsandbox.remote")
 
 FIFO_DIR = "/tmp"
+PTY_RELAY = Path(__file__).with_name("_pty.py").read_text()
 BUFFERED_EVENTS = 64
 """Events buffered per follower; a follower that reads no faster slows the command."""
 INPUT_TIMEOUT = 30.0
@@ -101,6 +106,8 @@ class Proc:
     end: Event | None = None
     fifo: str | None = None
     holder: anyio.CancelScope | None = None
+    control: str | None = None
+    """A PTY session's FIFO of sizes (see the module docstring)."""
     input_lock: anyio.Lock = field(default_factory=anyio.Lock)
     killed: bool = False
     gone: bool = False
@@ -173,6 +180,7 @@ class Processes:
         tag: str | None,
         *,
         stdin: bool,
+        pty: process_pb.PTY | None = None,
         deadline: float = math.inf,
     ) -> tuple[Proc, ObjectReceiveStream[Event]]:
         """Start a process; return it and a stream of its events (its start first). At
@@ -190,6 +198,23 @@ class Processes:
         self._next_pid += 1
         proc = Proc(pid=pid, config=config, tag=tag)
         proc.scope.deadline = deadline
+        if pty is not None:
+            size = pty.size or process_pb.PTY.Size(cols=80, rows=24)
+            rows, cols = min(max(size.rows, 1), 1000), min(max(size.cols, 1), 1000)
+            proc.control = f"{FIFO_DIR}/.e2b-pty-{pid}-{secrets.token_hex(6)}"
+            await self._command(("mkfifo", "-m", "600", proc.control))
+            argv = (
+                "python3",
+                "-I",
+                "-S",
+                "-c",
+                PTY_RELAY,
+                str(rows),
+                str(cols),
+                proc.control,
+                *argv,
+            )
+            stdin = True
         if stdin:
             proc.fifo = f"{FIFO_DIR}/.e2b-stdin-{pid}-{secrets.token_hex(6)}"
             await self._command(("mkfifo", "-m", "600", proc.fifo))
@@ -241,7 +266,9 @@ class Processes:
                     max_output_bytes=1,  # the output goes to the followers; keep none here
                 ) as stream:
                     async for chunk in stream:
-                        output = Oneof(chunk.stream, chunk.data)
+                        # (A PTY session's terminal output is its relay's stdout.)
+                        kind = "pty" if proc.control is not None else chunk.stream
+                        output = Oneof(kind, chunk.data)
                         data = process_pb.ProcessEvent.DataEvent(output=output)  # type: ignore[arg-type]
                         await proc.publish(_event("data", data))
                     try:
@@ -266,10 +293,11 @@ class Processes:
         # the server is shutting down (bounded: removing a file).
         if proc.holder is not None:
             proc.holder.cancel()
-        if proc.fifo is not None:
+        fifos = tuple(f for f in (proc.fifo, proc.control) if f is not None)
+        if fifos:
             # (SandboxError: the sandbox is gone, and its files with it)
             with anyio.move_on_after(5), suppress(SandboxError):
-                await self._sandbox.exec(("rm", "-f", proc.fifo))
+                await self._sandbox.exec(("rm", "-f", *fifos))
         self._procs.pop(proc.pid, None)
 
     async def kill(self, proc: Proc) -> None:
@@ -304,6 +332,15 @@ class Processes:
                     Code.DEADLINE_EXCEEDED,
                     f"the process did not read its input within {INPUT_TIMEOUT:g}s",
                 )
+
+    async def resize(self, proc: Proc, rows: int, cols: int) -> None:
+        """Give a PTY session's terminal another size."""
+        if proc.control is None:
+            raise ConnectError(Code.FAILED_PRECONDITION, "the process has no PTY")
+        rows, cols = min(max(rows, 1), 1000), min(max(cols, 1), 1000)
+        line = 'printf "%s %s\\n" "$1" "$2" >"$0"'
+        with anyio.move_on_after(INPUT_TIMEOUT):
+            await self._command(("sh", "-c", line, proc.control, str(rows), str(cols)))
 
     def close_stdin(self, proc: Proc) -> None:
         if proc.holder is None:
