@@ -123,15 +123,22 @@ def take(
     ``layers`` those the sandbox was started from; ``None``: copy mode."""
     partial = target.with_name(target.name + ".partial")
     partial.mkdir(mode=0o700, parents=True)
+
+    def complete() -> None:
+        (partial / "meta.json").write_bytes(msgspec.json.encode(meta))
+        partial.rename(target)
+
     try:
         if owner is None:
             with _frozen(cgroup):
                 _copy(layout.root / "fs", partial / "fs")
+            complete()
         else:
+            # The layer and the snapshot naming it appear under one hold of the lock: a
+            # layer gc in between would delete the layer no snapshot names yet.
             with layers_lock(target.parent.parent):
                 meta.layers = _add_layer(layout, meta.id, cgroup, layers or [], owner)
-        (partial / "meta.json").write_bytes(msgspec.json.encode(meta))
-        partial.rename(target)
+                complete()
     except BaseException:
         rmtree(partial)
         raise
