@@ -1,5 +1,6 @@
 """The E2B-compatible API of ``asyncsandbox serve``: E2B's control plane, each sandbox's
-envd (Connect services, files, health) and, on the one port, the routing between them and
+envd (Connect services, files, health), its code interpreter (served by
+asyncsandbox's own, :mod:`._interpreter`) and, on the one port, the routing between them and
 the server's own API. Needs the ``e2b`` extra (``asyncsandbox-remote[e2b]``)."""
 
 from ._control import ControlPlane as ControlPlane

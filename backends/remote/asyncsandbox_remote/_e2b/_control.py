@@ -76,6 +76,14 @@ class _E2bError(Exception):
         self.status = status
 
 
+def _private(network: Any) -> bool:
+    """``network`` asks for nothing but what every sandbox here is: no public traffic
+    (E2B's ``allowPublicTraffic: false``: its ports want the sandbox's traffic token)."""
+    return isinstance(network, dict) and all(
+        key == "allowPublicTraffic" and value in (False, None) for key, value in network.items()
+    )
+
+
 def _unsupported(what: str, why: str) -> _E2bError:
     return _E2bError(400, f"{what} is not supported by asyncsandbox serve: {why}")
 
@@ -267,6 +275,7 @@ class ControlPlane:
             client_id="asyncsandbox",
             envd_version=ENVD_VERSION,
             envd_access_token=sandbox.token,
+            traffic_access_token=sandbox.traffic_token,
         )
 
     def _json(self, value: Any, status: int = 200, **headers: str) -> Response:
@@ -290,8 +299,12 @@ class ControlPlane:
             raise _unsupported(
                 "internet access", "sandboxes have no network (allow_internet_access=False)"
             )
-        if body.network:
-            raise _unsupported("network configuration", "sandboxes have no network")
+        if body.network and not _private(body.network):
+            raise _unsupported(
+                "network configuration",
+                "sandboxes have no network (only allowPublicTraffic: false is taken: a "
+                "sandbox's code interpreter needs its traffic token anyway)",
+            )
         if body.mcp:
             raise _unsupported("MCP gateways", "sandboxes have no network")
         if body.iam:

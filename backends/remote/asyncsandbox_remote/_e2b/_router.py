@@ -1,8 +1,11 @@
 """One port for everything: requests that carry ``E2b-Sandbox-Id`` go to that sandbox
-(``E2b-Sandbox-Port`` 49983: envd; 49999: the code interpreter), every other request to
-the server's own application (its API, SandboxFusion's routes, E2B's control plane).
+(``E2b-Sandbox-Port`` 49983: envd; 49999: the code interpreter, :mod:`._interpreter`),
+every other request to the server's own application (its API, SandboxFusion's routes,
+E2B's control plane).
 
-A sandbox request needs the sandbox's access token (``X-Access-Token``, from its create)
+A sandbox request needs the sandbox's access token (``X-Access-Token``, from its create;
+to the code interpreter, the sandbox's traffic token in ``E2B-Traffic-Access-Token``
+will do, as its SDK sends the access token with ``/execute`` only)
 and is accounted like every other operation on a sandbox (the tenant's ``max_execs``
 quota; its lifetime is not extended). A sandbox that does not run (never did, was killed,
 reached its timeout, or is paused) answers 502 with "... was not found", which is how the
@@ -34,6 +37,7 @@ from .._streaming import read_body
 from ._control import ControlPlane, e2b_error
 from ._envd import applications
 from ._fs import resolve
+from ._interpreter import Interpreter
 from ._state import E2bSandbox
 
 if TYPE_CHECKING:
@@ -61,6 +65,7 @@ class E2bRouter:
         self.config = server.config
         self.registry = control.registry
         self.connect_apps = applications(control.sandbox_of())
+        self.interpreter = Interpreter()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -104,26 +109,34 @@ class E2bRouter:
             shown = sandbox_id[:64]
             await e2b_error(502, f"The sandbox {shown} was not found")(scope, receive, send)
             return
-        if not sandbox.token_matches(headers.get("x-access-token", "")):
-            self.tenancy.refused(Request(scope), had_key=bool(headers.get("x-access-token")))
+        port = headers.get("e2b-sandbox-port", "")
+        token = headers.get("x-access-token", "")
+        # The interpreter's SDK sends the access token with /execute only, and the traffic
+        # token (E2B's for a sandbox's other ports) with every request.
+        traffic = headers.get("e2b-traffic-access-token", "") if port == INTERPRETER_PORT else ""
+        if not (sandbox.token_matches(token) or (traffic and sandbox.traffic_matches(traffic))):
+            self.tenancy.refused(Request(scope), had_key=bool(token or traffic))
             await e2b_error(
                 401,
                 "invalid or missing access token: send the sandbox's envdAccessToken "
-                "as X-Access-Token",
+                "as X-Access-Token (or, to its code interpreter, its trafficAccessToken as "
+                "E2B-Traffic-Access-Token)",
             )(scope, receive, send)
             return
-        port = headers.get("e2b-sandbox-port", "")
+        record = sandbox.record
         if port == INTERPRETER_PORT:
-            await e2b_error(
-                501,
-                "the code interpreter (port 49999) is not available on this server yet",
-            )(scope, receive, send)
+            try:
+                async with self.tenancy.use(sandbox.tenant, record):
+                    await self.interpreter(scope, receive, send, sandbox)
+            except HttpError as exc:  # the tenant's quota
+                await e2b_error(exc.status, exc.body.message, exc.headers)(scope, receive, send)
             return
         if port != ENVD_PORT:
             await e2b_error(
                 502,
                 f"The sandbox {sandbox.id} is running but port is not open: asyncsandbox "
-                "serve serves envd (49983) only; sandboxes have no network",
+                "serve serves envd (49983) and the code interpreter (49999) only; sandboxes "
+                "have no network",
             )(scope, receive, send)
             return
         user = _basic_user(headers.get("authorization", ""))
@@ -134,7 +147,6 @@ class E2bRouter:
                 "sandbox's own unprivileged user (E2B's 'user')",
             )(scope, receive, send)
             return
-        record = sandbox.record
         try:
             async with self.tenancy.use(sandbox.tenant, record):
                 await self._envd(scope, receive, send, sandbox)

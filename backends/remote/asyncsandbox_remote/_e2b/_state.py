@@ -86,6 +86,17 @@ class E2bSandbox:
     def token_matches(self, presented: str) -> bool:
         return hmac.compare_digest(presented.encode(), self.token.encode())
 
+    @property
+    def traffic_token(self) -> str:
+        """The sandbox's traffic token (E2B's ``trafficAccessToken``, which its code
+        interpreter's SDK sends with every request): derived from its access token, so it
+        lives as long (a pause keeps it)."""
+        digest = hmac.new(self.token.encode(), b"e2b traffic", hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+    def traffic_matches(self, presented: str) -> bool:
+        return hmac.compare_digest(presented.encode(), self.traffic_token.encode())
+
     def signs(self, signature: str, path: str, operation: str, user: str, expiration: str) -> bool:
         """Whether ``signature`` is this sandbox's for a file URL (E2B's v1 signature:
         the SDK's ``download_url``/``upload_url``, which carry no headers)."""

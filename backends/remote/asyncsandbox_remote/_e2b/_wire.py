@@ -82,6 +82,8 @@ class CreatedSandbox(msgspec.Struct, kw_only=True):
     client_id: str = msgspec.field(name="clientID")
     envd_version: str = msgspec.field(name="envdVersion")
     envd_access_token: str = msgspec.field(name="envdAccessToken")
+    traffic_access_token: str | None = msgspec.field(default=None, name="trafficAccessToken")
+    """What the code interpreter's SDK sends with each of its requests (see the router)."""
     domain: str | None = None
 
 
