@@ -48,18 +48,22 @@ class E2bTarget:
         self.key = key
         self.id = ""
         self.token = ""
+        self.traffic = ""
         self.calls = 0
 
     def alive(self) -> E2bTarget:
         with httpx.Client(base_url=self.server.url, timeout=60) as client:
             headers = {"X-API-KEY": self.key}
-            if not self.id or client.get(f"/sandboxes/{self.id}", headers=headers).is_error:
+            found = client.get(f"/sandboxes/{self.id}", headers=headers) if self.id else None
+            # (The fuzzer may have killed it, or paused it: a paused one is found too.)
+            if found is None or found.is_error or found.json().get("state") != "running":
                 made = client.post(
                     "/v2/sandboxes", json={"templateID": "base", "timeout": 600}, headers=headers
                 )
                 assert made.status_code == 201, made.text
                 self.id = made.json()["sandboxID"]
                 self.token = made.json()["envdAccessToken"]
+                self.traffic = made.json()["trafficAccessToken"]
         return self
 
     @property
@@ -68,6 +72,15 @@ class E2bTarget:
             "E2b-Sandbox-Id": self.id,
             "E2b-Sandbox-Port": "49983",
             "X-Access-Token": self.token,
+        }
+
+    @property
+    def interpreter_headers(self) -> dict[str, str]:
+        """What the code interpreter's SDK sends (the access token with /execute only)."""
+        return {
+            "E2b-Sandbox-Id": self.id,
+            "E2b-Sandbox-Port": "49999",
+            "E2B-Traffic-Access-Token": self.traffic,
         }
 
     def envd(self, path: str, body: Any = None, **kwargs: Any) -> httpx.Response:
@@ -159,7 +172,11 @@ def _fuzz_test() -> Any:
         if "sandbox_id" in (case.path_parameters or {}) and real:
             case.path_parameters["sandbox_id"] = target.alive().id
         if case.headers and "E2b-Sandbox-Id" in case.headers and real:
-            case.headers.update(target.alive().headers)
+            interpreter = case.headers.get("E2b-Sandbox-Port") == "49999" or (
+                case.operation.path.startswith(("/execute", "/contexts"))
+            )
+            alive = target.alive()
+            case.headers.update(alive.interpreter_headers if interpreter else alive.headers)
         if isinstance(case.body, dict) and "timeout" in case.body:
             case.body["timeout"] = 20  # what the fuzzer makes ends soon
         response = case.call(base_url=target.server.url, headers={"X-API-KEY": ALICE}, timeout=60)
@@ -411,3 +428,50 @@ def test_a_gzip_bomb_is_refused(target: E2bTarget, server: Server, tmp_path: Pat
     )
     assert answer.status_code == 413, answer.text
     assert target.run("ls /tmp/bomb 2>&1 || true").startswith(b"ls: cannot access")
+
+
+# -- the code interpreter (port 49999) ----------------------------------------------------
+
+
+def _execute(target: E2bTarget, body: Any, **kwargs: Any) -> httpx.Response:
+    return httpx.post(
+        f"{target.server.url}/execute",
+        headers={**target.alive().interpreter_headers, **kwargs.pop("headers", {})},
+        timeout=120,
+        **({"json": body} if not isinstance(body, bytes) else {"content": body}),
+        **kwargs,
+    )
+
+
+def test_interpreter_requests_of_the_wrong_shape_are_clear_errors(target: E2bTarget) -> None:
+    assert _execute(target, b"{not json").status_code == 400
+    assert _execute(target, {"code": 5}).status_code == 400
+    assert _execute(target, {"code": "1", "env_vars": {"A": 1}}).status_code == 400
+    both = _execute(target, {"code": "1", "context_id": "x", "language": "python"})
+    assert (both.status_code, both.text) == (
+        400,
+        "Only one of context_id or language can be provided",
+    )
+    assert _execute(target, {"code": "1", "context_id": "../../etc"}).status_code == 404
+    contexts = f"{target.server.url}/contexts"
+    headers = target.interpreter_headers
+    assert httpx.delete(f"{contexts}/nope", headers=headers).status_code == 404
+    assert httpx.post(f"{contexts}/nope/restart", headers=headers).status_code == 404
+    assert httpx.post(contexts, content=b"[]", headers=headers).status_code == 400
+    # An environment the interpreter refuses is the execution's error, as E2B's are.
+    lines = [
+        msgspec.json.decode(line)
+        for line in _execute(target, {"code": "1", "env_vars": {"A=B": "x"}}).text.splitlines()
+    ]
+    assert [line["type"] for line in lines] == ["error", "end_of_execution"]
+    assert lines[0]["name"] == "InvalidArgument"
+    assert target.run("echo fine") == b"fine\n"
+
+
+def test_a_huge_execute_is_refused_without_running_it(target: E2bTarget) -> None:
+    """A body past the interpreter's limit (16 MiB) is refused as declared, never read
+    whole nor run."""
+    code = "open('/tmp/ran-huge', 'w').write('x')\n#" + "x" * (20 * 1024 * 1024)
+    answer = _execute(target, {"code": code})
+    assert answer.status_code == 413
+    assert target.run("ls /tmp/ran-huge 2>/dev/null || echo never ran") == b"never ran\n"

@@ -1,6 +1,6 @@
 """E2B's routes as data: the control plane's operations (from which
-:class:`~._control.ControlPlane` builds its routes) and envd's unary routes, and the
-OpenAPI 3.1 document of both, served at ``/e2b/openapi.json`` (schemas generated from the
+:class:`~._control.ControlPlane` builds its routes), envd's unary routes and the code
+interpreter's, and the OpenAPI 3.1 document of them, served at ``/e2b/openapi.json`` (schemas generated from the
 wire Structs of :mod:`._wire`; envd's messages are protobuf's JSON, described by hand).
 
 envd's streaming methods (``Start``, ``Connect``, ``StreamInput``, ``WatchDir``) carry
@@ -16,11 +16,12 @@ import msgspec
 
 from . import _wire as w
 
-__all__ = ("CONTROL", "ENVD", "E2bOperation", "e2b_openapi")
+__all__ = ("CONTROL", "ENVD", "INTERPRETER", "E2bOperation", "e2b_openapi")
 
 JSON = "application/json"
 BYTES = "application/octet-stream"
 CONNECT_STREAM = "application/connect+json"
+TEXT = "text/plain"
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class E2bOperation:
     answer: Any = None
     """A wire Struct, ``list[Struct]``, a JSON schema, a media type string, or None."""
     errors: tuple[int, ...] = ()
+    text_errors: bool = False
+    """Its own errors are plain text (the code interpreter's, as E2B's server answers);
+    the router's (a token, a quota, a sandbox not found) stay JSON."""
 
 
 def _query(name: str, schema: dict[str, Any], description: str = "") -> dict[str, Any]:
@@ -430,6 +434,118 @@ ENVD: tuple[E2bOperation, ...] = (
 )
 """Each sandbox's envd, reached on the same port by its headers."""
 
+# -- the code interpreter (E2b-Sandbox-Port 49999) ---------------------------------------
+
+_INTERPRETER_HEADERS = (
+    _ENVD_HEADERS[0],
+    _header(
+        "E2b-Sandbox-Port",
+        {"type": "string", "maxLength": 16},
+        "49999: the code interpreter.",
+        required=True,
+    ),
+    _header(
+        "X-Access-Token",
+        {"type": "string", "maxLength": 256},
+        "The sandbox's envdAccessToken (the SDK sends it with /execute).",
+    ),
+    _header(
+        "E2B-Traffic-Access-Token",
+        {"type": "string", "maxLength": 256},
+        "The sandbox's trafficAccessToken (the SDK sends it with every request).",
+    ),
+)
+_STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+_CONTEXT: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "language", "cwd"],
+    "properties": {
+        "id": {"type": "string"},
+        "language": {"type": "string"},
+        "cwd": {"type": "string"},
+    },
+}
+_NULL = {"type": "null"}
+_INTERPRETER_ERRORS = (400, 401, 404, 413, 429, 502, 503)
+_CONTEXT_ID = {
+    **_path("context_id"),
+    "schema": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9_-]+$"},
+}
+
+INTERPRETER: tuple[E2bOperation, ...] = (
+    E2bOperation(
+        "",
+        "POST",
+        "/execute",
+        "Run code in a context (the default one, or context_id; language: python only): "
+        "NDJSON lines (stdout, stderr, result, error, number_of_executions, keepalive, "
+        "end_of_execution).",
+        params=_INTERPRETER_HEADERS,
+        body={
+            "type": "object",
+            "required": ["code"],
+            "properties": {
+                "code": {"type": "string", "maxLength": 65536},
+                "context_id": {"type": ["string", "null"], "maxLength": 128},
+                "language": {"type": ["string", "null"], "maxLength": 32},
+                "env_vars": {"anyOf": [_STRINGS, _NULL]},
+            },
+        },
+        answer="application/x-ndjson",
+        errors=_INTERPRETER_ERRORS,
+        text_errors=True,
+    ),
+    E2bOperation(
+        "",
+        "POST",
+        "/contexts",
+        "Make a context: an interpreter of its own (cwd: default /home/user).",
+        params=_INTERPRETER_HEADERS,
+        body={
+            "type": "object",
+            "properties": {
+                "cwd": {"type": ["string", "null"], "maxLength": 4096},
+                "language": {"type": ["string", "null"], "maxLength": 32},
+            },
+        },
+        answer=_CONTEXT,
+        errors=_INTERPRETER_ERRORS,
+        text_errors=True,
+    ),
+    E2bOperation(
+        "",
+        "GET",
+        "/contexts",
+        "The sandbox's contexts (the default one once it was used), oldest first.",
+        params=_INTERPRETER_HEADERS,
+        answer={"type": "array", "items": _CONTEXT},
+        errors=(400, 401, 429, 502, 503),
+        text_errors=True,
+    ),
+    E2bOperation(
+        "",
+        "POST",
+        "/contexts/{context_id}/restart",
+        "Give a context a fresh interpreter (its id and cwd stay).",
+        params=(*_INTERPRETER_HEADERS, _CONTEXT_ID),
+        answer=_NULL,
+        errors=_INTERPRETER_ERRORS,
+        text_errors=True,
+    ),
+    E2bOperation(
+        "",
+        "DELETE",
+        "/contexts/{context_id}",
+        "Remove a context (its interpreter and what it started are killed).",
+        params=(*_INTERPRETER_HEADERS, _CONTEXT_ID),
+        answer=_NULL,
+        errors=_INTERPRETER_ERRORS,
+        text_errors=True,
+    ),
+)
+"""Each sandbox's code interpreter, reached on the same port by its headers (its
+``/health`` is envd's path: the document describes envd's)."""
+
 _ERRORS = {
     400: "Invalid request (envd's routes: E2b-Sandbox-Id is required).",
     401: "No or unknown API key, or no or wrong access token.",
@@ -486,6 +602,8 @@ def _spec(op: E2bOperation, ref: str, security: list[dict[str, list[str]]]) -> d
         responses[str(status)] = {"description": _ERRORS[status]}
         if status != 415:  # (Connect's answer to a content type it does not take is empty)
             responses[str(status)]["content"] = {JSON: {"schema": _CONNECT_ERROR}}
+        if op.text_errors:
+            responses[str(status)].setdefault("content", {})[TEXT] = {"schema": {"type": "string"}}
     spec["responses"] = responses
     return spec
 
@@ -513,7 +631,7 @@ def e2b_openapi(version: str = "") -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     for op in CONTROL:
         paths.setdefault(op.path, {})[op.method.lower()] = _spec(op, ref, [{"apiKey": []}])
-    for op in ENVD:
+    for op in (*ENVD, *INTERPRETER):
         paths.setdefault(op.path, {})[op.method.lower()] = _spec(op, ref, [])
     return {
         "openapi": "3.1.0",
@@ -521,10 +639,11 @@ def e2b_openapi(version: str = "") -> dict[str, Any]:
             "title": "E2B's API on asyncsandbox serve",
             "version": version or "0",
             "description": (
-                "E2B's control plane (X-API-KEY) and each sandbox's envd (routed by the "
-                "E2b-Sandbox-Id and E2b-Sandbox-Port headers, with X-Access-Token), on the "
-                "server's one port. Errors: the control plane's {code, message} (code an "
-                "integer), envd's Connect errors (code a string)."
+                "E2B's control plane (X-API-KEY) and each sandbox's envd and code "
+                "interpreter (routed by the E2b-Sandbox-Id and E2b-Sandbox-Port headers, "
+                "with X-Access-Token), on the server's one port. Errors: the control "
+                "plane's {code, message} (code an integer), envd's Connect errors (code a "
+                "string), the code interpreter's plain text."
             ),
         },
         "paths": paths,

@@ -48,8 +48,9 @@ __all__ = ("E2bRouter",)
 ENVD_PORT = "49983"
 INTERPRETER_PORT = "49999"
 USERS = ("", "user")
-ENVD_ONLY = ("/process.Process/", "/filesystem.Filesystem/", "/health")
-"""Paths that are envd's alone (``/files`` without a sandbox is a signed URL's)."""
+SANDBOX_ONLY = ("/process.Process/", "/filesystem.Filesystem/", "/health", "/execute", "/contexts")
+"""Paths that are a sandbox's alone, envd's or its code interpreter's (``/files`` without
+a sandbox is a signed URL's)."""
 FILE_STATUS = {"not_found": 404, "permission": 403, "too_large": 413}
 
 
@@ -76,11 +77,11 @@ class E2bRouter:
         if sandbox_id is None and scope["path"] == "/files":
             await self._signed(scope, receive, send)
             return
-        if sandbox_id is None and scope["path"].startswith(ENVD_ONLY):
+        if sandbox_id is None and scope["path"].startswith(SANDBOX_ONLY):
             await e2b_error(
                 400,
-                "envd's routes are a sandbox's: send its id as E2b-Sandbox-Id (and "
-                "E2b-Sandbox-Port, X-Access-Token)",
+                "envd's and the code interpreter's routes are a sandbox's: send its id as "
+                "E2b-Sandbox-Id (and E2b-Sandbox-Port, X-Access-Token)",
             )(scope, receive, send)
             return
         if sandbox_id is None:
