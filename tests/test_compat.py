@@ -37,6 +37,8 @@ from asyncsandbox.compat.cwsandbox import (
     UnsupportedFeatureError,
 )
 
+from ._support import eventually
+
 
 @pytest.fixture(autouse=True)
 def root(process_root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
@@ -57,13 +59,6 @@ def dirs(root: Path) -> list[str]:
         return [n for n in os.listdir(root) if not n.startswith(".")]
     except FileNotFoundError:
         return []
-
-
-def eventually(predicate: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 # -- surface ----------------------------------------------------------------------------------

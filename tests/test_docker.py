@@ -34,7 +34,13 @@ from asyncsandbox import (
 )
 from asyncsandbox.testing import CHECKS, Check
 
-from .conftest import docker_pids_squeezed, docker_problem, docker_test_image
+from ._support import (
+    a_recycled_sandbox_is_fresh,
+    docker_pids_squeezed,
+    docker_problem,
+    docker_test_image,
+    episodes_leave_nothing,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_engine")]
 IMAGE = docker_test_image()
@@ -80,7 +86,7 @@ def unique() -> str:
 
 
 def squeeze_pids(sandbox: Sandbox) -> AbstractAsyncContextManager[None]:
-    """The launch_failure hook: no fork succeeds in the container (tests/conftest.py)."""
+    """The launch_failure hook: no fork succeeds in the container (tests/_support.py)."""
     return docker_pids_squeezed(sandbox.extra(DockerAttributes.container_id))
 
 
@@ -602,13 +608,6 @@ async def test_recycling_is_refused_on_docker_unless_recyclable() -> None:
 
 @pytest.mark.parametrize("fast_path", [True, False], ids=["executor", "engine-api"])
 async def test_a_recycled_container_is_indistinguishable_from_a_fresh_one(fast_path: bool) -> None:
-    from .test_state import LOOK, PLANT
-
-    async def look(sandbox: Sandbox) -> str:
-        result = await sandbox.exec(["sh", "-c", LOOK])
-        assert result.returncode == 0, result.stderr_text
-        return result.stdout_text
-
     tag = unique()
     s = Session(
         backend(fast_path=fast_path, recyclable=True),
@@ -617,21 +616,7 @@ async def test_a_recycled_container_is_indistinguishable_from_a_fresh_one(fast_p
         sweep=False,
     )
     async with s:
-        async with s.sandbox() as fresh:
-            expected = await look(fresh)
-            first = fresh.id
-            planted = await fresh.exec(["sh", "-c", PLANT])
-            assert planted.stdout_text.strip().endswith("done"), planted.stderr_text
-            assert await look(fresh) != expected
-        with anyio.fail_after(60):
-            while s.statistics().pool_ready < 2:  # noqa: ASYNC110 - polling statistics
-                await anyio.sleep(0.05)
-        async with s.sandbox() as a, s.sandbox() as b:
-            reused = a if a.id == first else b
-            assert reused.id == first, "the released container was not recycled"
-            await anyio.sleep(0.2)  # a surviving loop would write again meanwhile
-            assert await look(reused) == expected
-        assert s.metrics()["asyncsandbox/reset_failures"] == 0
+        await a_recycled_sandbox_is_fresh(s, within=60)
     assert containers(f"asyncsandbox.tag.{tag}") == []
 
 
@@ -641,8 +626,6 @@ def test_recyclable_needs_the_sandbox_user() -> None:
 
 
 async def test_recycling_under_load_hands_over_no_state() -> None:
-    from .test_state import episodes_leave_nothing
-
     s = Session(
         backend(recyclable=True),
         defaults=SandboxDefaults(tags=(unique(),)),

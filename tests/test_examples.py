@@ -19,7 +19,7 @@ from typing import Any, Self
 
 import pytest
 
-from .conftest import docker_test_image
+from ._support import docker_test_image
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EXAMPLE_SCRIPTS = (

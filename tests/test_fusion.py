@@ -32,8 +32,7 @@ from sandbox_fusion import CommandRunStatus, RunCodeRequest, RunCodeResponse, Ru
 
 from asyncsandbox import ExecTimeout, Session
 
-from .conftest import kill_process_sandbox_processes
-from .test_remote import ALICE, Server, _new_root
+from ._support import ALICE, Server, kill_process_sandbox_processes, new_process_root
 
 # -- the programs ---------------------------------------------------------------------------
 
@@ -115,7 +114,7 @@ def fusion_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(fusion_dir: Path) -> Iterator[Server]:
-    root = _new_root()
+    root = new_process_root()
     started = Server(fusion_dir / "main", root=root)
     try:
         yield started
@@ -672,7 +671,7 @@ def test_a_client_that_leaves_gets_its_sandbox_removed(server: Server) -> None:
 
 def test_quotas_apply(fusion_dir: Path) -> None:
     """A /run_code request holds one of the tenant's max_live sandboxes while it runs."""
-    root = _new_root()
+    root = new_process_root()
     server = Server(fusion_dir / "quota", "--max-live-per-tenant", "1", root=root)
     try:
         url = f"{keyed(server)}/run_code"

@@ -23,7 +23,7 @@ from asyncsandbox.judge import (
     judge,
 )
 
-from .conftest import docker_test_image
+from ._support import docker_test_image
 
 ADD = TestCase(stdin="1 2\n", expected="3\n")
 ADD_CASES = [

@@ -40,11 +40,13 @@ from asyncsandbox._process import (
 from asyncsandbox._process._spawn import Pipe
 from asyncsandbox.testing import CHECKS, Check
 
-from .conftest import (
+from ._support import (
     PROCESS_MECHANISMS,
     mechanism_unavailable,
     process_launch_failure,
     process_options,
+    processes_with,
+    sandbox_dirs,
 )
 
 IS_ROOT = os.geteuid() == 0
@@ -61,27 +63,6 @@ def session(
     return Session(
         "process", backend_options=options, defaults=defaults, limits=limits, sweep=False
     )
-
-
-def sandbox_dirs(root: Path) -> list[str]:
-    try:
-        return [name for name in os.listdir(root) if not name.startswith(".")]
-    except FileNotFoundError:
-        return []
-
-
-def processes_with(marker: str) -> list[str]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in cmdline:
-            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
-    return found
 
 
 # -- isolation ----------------------------------------------------------------------------

@@ -15,12 +15,9 @@ import io
 import json
 import os
 import re
-import secrets
-import selectors
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tarfile
 import time
@@ -50,104 +47,25 @@ from asyncsandbox import (
     Session,
     Timeouts,
 )
-from asyncsandbox._process._backend import default_root
-from asyncsandbox.abc import Backend
 from asyncsandbox.judge import Checker, Language, Program, TestCase, Verdict
 from asyncsandbox.testing import CHECKS, Check
 
-from .conftest import (
+from ._support import (
+    ALICE,
+    BOB,
+    Server,
     docker_pids_squeezed,
     docker_test_image,
     kill_process_sandbox_processes,
+    new_process_root,
     process_launcher_broken,
     require_docker,
 )
 
-ALICE = "alice-" + secrets.token_hex(16)
-BOB = "bob-" + secrets.token_hex(16)
 REPO = Path(__file__).resolve().parent.parent
 
 
-# -- a real server ----------------------------------------------------------------------
-
-
-class Server:
-    """``asyncsandbox -vv serve ...`` in a subprocess, on a free loopback port."""
-
-    def __init__(
-        self, directory: Path, *args: str, backend: str = "process", root: Path | None = None
-    ) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.keys = directory / "keys.txt"
-        self.keys.write_text(f"# test tenants\nalice:{ALICE}\nbob:{BOB}\n")
-        self.log = directory / f"server-{uuid.uuid4().hex[:6]}.log"
-        self.root = root
-        command = [
-            sys.executable,
-            "-m",
-            "asyncsandbox",
-            "-vv",
-            "serve",
-            "--backend",
-            backend,
-            "--listen",
-            "127.0.0.1:0",
-            "--print-url",
-            "--keys",
-            str(self.keys),
-            *(["--backend-option", f"root={root}"] if root is not None else []),
-            *args,
-        ]
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log)
-        assert self.process.stdout is not None
-        with selectors.DefaultSelector() as selector:  # select() fails past fd 1023
-            selector.register(self.process.stdout, selectors.EVENT_READ)
-            ready = selector.select(60)
-        line = self.process.stdout.readline().decode() if ready else ""
-        if not line.startswith(("http://", "https://")):
-            self.stop(signal.SIGKILL)
-            raise RuntimeError(f"the server did not start:\n{self.logs()[-3000:]}")
-        # --print-url: the URL alone on stdout (the log line goes to stderr).
-        self.url = line.strip()
-        self.first_line = line
-
-    def logs(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
-        try:
-            if self.process.poll() is None:
-                self.process.send_signal(sig)
-                try:
-                    self.process.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    self.process.kill()
-                    self.process.wait()
-                    raise
-        finally:
-            if self.process.stdout is not None:
-                self.process.stdout.close()
-        return self.process.returncode
-
-    def sandbox_dirs(self) -> list[str]:
-        assert self.root is not None
-        if not self.root.exists():
-            return []
-        return sorted(p.name for p in self.root.iterdir() if not p.name.startswith("."))
-
-    def client(self, key: str | None = ALICE) -> httpx.Client:
-        headers = {"authorization": f"Bearer {key}"} if key else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
-
-    def backend(self, key: str = ALICE, **options: Any) -> Callable[[], Backend]:
-        return functools.partial(RemoteBackend, self.url, key, **options)
-
-
-def _new_root() -> Path:
-    root = default_root().parent / "tests" / uuid.uuid4().hex[:10]
-    root.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
-    return root
+# -- servers ------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +76,7 @@ def server_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def process_server(server_dir: Path) -> Iterator[Server]:
     """One server on the process backend for the tests that need no special settings."""
-    root = _new_root()
+    root = new_process_root()
     server = Server(server_dir / "main", root=root)
     try:
         yield server
@@ -173,7 +91,7 @@ def make_server(server_dir: Path) -> Iterator[Callable[..., Server]]:
     started: list[Server] = []
 
     def make(*args: str) -> Server:
-        server = Server(server_dir / uuid.uuid4().hex[:6], *args, root=_new_root())
+        server = Server(server_dir / uuid.uuid4().hex[:6], *args, root=new_process_root())
         started.append(server)
         return server
 
@@ -253,7 +171,7 @@ async def test_conformance_process(process_server: Server, check: Check) -> None
 
 def squeeze_served_container(sandbox: Sandbox) -> AbstractAsyncContextManager[None]:
     """The launch_failure hook through a Docker server: the remote sandbox's id is the
-    container's name (the server's own hook, see tests/conftest.py)."""
+    container's name (the server's own hook, see tests/_support.py)."""
     assert sandbox.id is not None
     return docker_pids_squeezed(sandbox.id)
 
@@ -1271,7 +1189,7 @@ async def test_load_full(make_server: Callable[..., Server]) -> None:
 @pytest.fixture(scope="module")
 def fuzz_server(server_dir: Path) -> Iterator[Server]:
     """A server for the fuzzer: short leases reap what it creates, small quotas bound it."""
-    root = _new_root()
+    root = new_process_root()
     server = Server(
         server_dir / "fuzz",
         "--lease",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
-import os
 import re
 import subprocess
 import sys
@@ -51,6 +50,8 @@ from asyncsandbox.sync import (
 )
 from asyncsandbox.testing import FakeBackend, FakeProcess, probe
 
+from ._support import eventually, processes_with, sandbox_dirs
+
 
 def process_session(root: Path, **kwargs: Any) -> SyncSession:
     return SyncSession("process", backend_options={"root": root}, sweep=False, **kwargs)
@@ -58,33 +59,6 @@ def process_session(root: Path, **kwargs: Any) -> SyncSession:
 
 def fake_session(fake: FakeBackend | None = None, **kwargs: Any) -> SyncSession:
     return SyncSession(fake or FakeBackend(), sweep=False, **kwargs)
-
-
-def sandbox_dirs(root: Path) -> list[str]:
-    try:
-        return [name for name in os.listdir(root) if not name.startswith(".")]
-    except FileNotFoundError:
-        return []
-
-
-def eventually(predicate: Callable[[], bool], *, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
-
-
-def processes_with(marker: str) -> list[str]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker.encode() in cmdline:
-                found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
-    return found
 
 
 # -- public surface -------------------------------------------------------------------------

@@ -34,11 +34,18 @@ from asyncsandbox import (
     Timeouts,
 )
 
-from ..conftest import docker_test_image
+from .._support import (
+    Target,
+    docker_backend,
+    docker_test_image,
+    new_process_root,
+    processes_gone,
+    processes_with,
+    unique_marker,
+)
 from . import _host
 from ._proxy import DockerProxy, docker_proxy
 from ._report import REPORT
-from .conftest import Target, docker_backend, new_process_root, unique_marker
 
 NO_RETRIES = RetryPolicy(attempts=1)
 
@@ -98,7 +105,7 @@ async def test_sandbox_killed_from_outside_mid_exec(process_target_fixture: Targ
         async with anyio.create_task_group() as tg:
 
             async def kill() -> None:
-                while not _host.processes_with(marker):  # noqa: ASYNC110 - polling the host
+                while not processes_with(marker):  # noqa: ASYNC110 - polling the host
                     await anyio.sleep(0.05)
                 _host.signal_processes(marker, signal.SIGKILL)
 
@@ -189,7 +196,7 @@ async def test_owner_sigkilled_with_100_live_sandboxes(
         )
     assert gc.returncode == 0, gc.stderr.decode()[-2000:]
     assert target.leftovers() == [], "gc left sandboxes of a dead owner"
-    assert await _host.processes_gone(marker, within=target.bound) == []
+    assert await processes_gone(marker, within=target.bound) == []
     REPORT.fault("owner_sigkilled", backend, f"gc removed all in {time.monotonic() - started:.0f}s")
 
 
@@ -330,7 +337,7 @@ async def test_a_lost_answer_is_never_a_timeout(
             )
             proxy.set("pass")
     await cleanup(target)
-    assert await _host.processes_gone(marker, within=target.bound) == []
+    assert await processes_gone(marker, within=target.bound) == []
     assert target.leftovers() == []
 
 
@@ -413,7 +420,7 @@ async def test_disk_nearly_full(process_target_fixture: Target) -> None:
     from asyncsandbox._process import ProcessBackend
 
     target = process_target_fixture
-    root = new_process_root()
+    root = new_process_root("torture-")
     with _host.tmpfs(root, 32):
         ballast = root / ".ballast"
         with ballast.open("wb") as f:

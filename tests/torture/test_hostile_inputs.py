@@ -22,9 +22,9 @@ import pytest
 from asyncsandbox import InvalidArgument, Sandbox, SandboxError, SandboxFileError, Session
 from asyncsandbox._archive import unpack
 
+from .._support import CANARY_SECRET, Target
 from . import _host
 from ._report import REPORT
-from .conftest import CANARY_SECRET, Target
 
 
 async def expect_error(
