@@ -56,10 +56,14 @@ from ._support import (
     Server,
     docker_pids_squeezed,
     docker_test_image,
+    eventually,
+    eventually_async,
     kill_process_sandbox_processes,
     new_process_root,
     process_launcher_broken,
+    processes_with,
     require_docker,
+    unique_marker,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,27 +130,18 @@ def _create(client: httpx.Client, **body: Any) -> str:
     return str(response.json()["id"])
 
 
-def _heartbeat(path: str) -> list[str]:
-    return ["sh", "-c", f"echo started; while true; do echo x >> {path}; sleep 0.05; done"]
+def _heartbeat(path: str, marker: str = "") -> list[str]:
+    """A command that writes "started", then appends to ``path`` every 50 ms for ever; its
+    shell carries ``marker`` on its command line (seen from the host: it runs on this
+    machine), and it alone writes, so once that shell is gone nothing writes any more."""
+    loop = f"echo started; while true; do echo x >> {path}; sleep 0.05; done"
+    return ["sh", "-c", loop, marker or unique_marker()]
 
 
 def _expect_started(line: str) -> None:
     frame = wire.decode_frame(line.encode())
     assert isinstance(frame, wire.OutputFrame), line
     assert frame.data == b"started\n"
-
-
-def _grows(client: httpx.Client, sandbox_id: str, path: str) -> bool:
-    """Whether a process still appends to ``path`` (its size changes within 0.5 s)."""
-
-    def size() -> int:
-        response = client.get(f"/v1/sandboxes/{sandbox_id}/files", params={"path": path})
-        assert response.status_code == 200, response.text
-        return len(response.content)
-
-    before = size()
-    time.sleep(0.5)
-    return size() != before
 
 
 # -- conformance --------------------------------------------------------------------------
@@ -334,7 +329,8 @@ async def test_the_server_kills_a_command_at_its_timeout(
     client neither asked for it (cancel_exec) nor hung up (a disconnect kill). The client
     used to leave the timeout out, and killed every timed-out command by id."""
     server = make_server()
-    heartbeat = ["sh", "-c", "echo started; while true; do echo x >> t.hb; sleep 0.05; done"]
+    marker = unique_marker()
+    heartbeat = _heartbeat("t.hb", marker)
 
     async def streamed(sb: Sandbox) -> None:
         async with sb.exec_stream(heartbeat, timeout=1.5) as stream:
@@ -353,9 +349,8 @@ async def test_the_server_kills_a_command_at_its_timeout(
                 True,
                 137,
             )
-            size = len(await sb.read_file("t.hb"))
-            await anyio.sleep(0.3)
-            assert len(await sb.read_file("t.hb")) == size, f"{run}: the command survived"
+            # Killed before the exit frame was sent: nothing writes any more.
+            assert processes_with(marker) == [], f"{run}: the command survived"
     assert _answered(server, "exec_stream") == {"200": 2}
     assert _answered(server, "cancel_exec") == {}
     with server.client(None) as client:
@@ -534,15 +529,14 @@ def test_a_judge_client_that_leaves_gets_its_cases_killed(
             + body
         )
         assert server.root is not None
-        deadline = time.monotonic() + 30
-        while not any(server.root.glob("*/fs/**/started")):
-            assert time.monotonic() < deadline, "the case never started"
-            time.sleep(0.05)
+        root = server.root
+        eventually(lambda: any(root.glob("*/fs/**/started")), within=30, what="the case started")
         connection.shutdown(socket.SHUT_RDWR)
-    deadline = time.monotonic() + 20
-    while server.sandbox_dirs() or "disconnect_kills_total 1" not in _metrics(server):
-        assert time.monotonic() < deadline, (server.sandbox_dirs(), _metrics(server))
-        time.sleep(0.05)
+    eventually(
+        lambda: not server.sandbox_dirs() and "disconnect_kills_total 1" in _metrics(server),
+        within=20,
+        what="the cases killed and the sandbox removed",
+    )
 
 
 def _metrics(server: Server) -> str:
@@ -763,9 +757,11 @@ async def test_archive_transfers_hold_a_slot_of_the_server_session(
 
         async def held(count: int) -> None:
             """Wait until ``count`` slots are held (the server's own pace: poll it)."""
-            with anyio.fail_after(30):
-                while await execs_held() != count:  # noqa: ASYNC110 - another process
-                    await anyio.sleep(0.05)
+
+            async def holds() -> bool:
+                return await execs_held() == count
+
+            await eventually_async(holds, within=30, what=f"{count} slots held")
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(upload)
@@ -885,47 +881,51 @@ def test_closing_the_run_code_stream_interrupts_the_code(process_server: Server)
 
 
 def test_closing_the_exec_stream_kills_the_process(process_server: Server) -> None:
+    marker = unique_marker()
     with process_server.client(ALICE) as alice:
         sandbox_id = _create(alice)
-        with alice.stream(
-            "POST", f"/v1/sandboxes/{sandbox_id}/exec/stream", json={"argv": _heartbeat("s.hb")}
-        ) as response:
-            lines = response.iter_lines()
+        body = {"argv": _heartbeat("s.hb", marker)}
+        with alice.stream("POST", f"/v1/sandboxes/{sandbox_id}/exec/stream", json=body) as run:
+            lines = run.iter_lines()
             _expect_started(next(lines))
-            time.sleep(0.3)
+            assert processes_with(marker)
         # The connection is closed (the body was not read to its end): the server kills it.
-        time.sleep(0.2)
-        assert not _grows(alice, sandbox_id, "s.hb"), "the command survived the disconnect"
+        eventually(lambda: not processes_with(marker), what="the command killed on disconnect")
         alice.delete(f"/v1/sandboxes/{sandbox_id}")
 
 
 async def test_disconnect_during_unary_exec_kills_the_process(process_server: Server) -> None:
+    marker = unique_marker()
     with process_server.client(ALICE) as alice:
         sandbox_id = _create(alice)
     async with httpx.AsyncClient(
         base_url=process_server.url, headers={"authorization": f"Bearer {ALICE}"}
     ) as client:
-        with anyio.move_on_after(1.0) as scope:
-            await client.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"argv": _heartbeat("u.hb")})
-        assert scope.cancelled_caught
-    await anyio.sleep(0.2)
+        body = {"argv": _heartbeat("u.hb", marker)}
+        async with anyio.create_task_group() as tg:
+            url = f"/v1/sandboxes/{sandbox_id}/exec"
+            tg.start_soon(functools.partial(client.post, url, json=body))
+            await eventually_async(lambda: processes_with(marker), what="the command runs")
+            tg.cancel_scope.cancel()  # the client gives up: its connection is closed
+    await eventually_async(
+        lambda: not processes_with(marker), what="the command killed on disconnect"
+    )
     with process_server.client(ALICE) as alice:
-        grows = await anyio.to_thread.run_sync(_grows, alice, sandbox_id, "u.hb")
-        assert not grows, "the command survived the disconnect"
         alice.delete(f"/v1/sandboxes/{sandbox_id}")
 
 
 def test_cancel_exec_by_id(process_server: Server) -> None:
     with process_server.client(ALICE) as alice:
         sandbox_id = _create(alice)
-        body = {"argv": _heartbeat("c.hb"), "exec_id": "job-1"}
+        marker = unique_marker()
+        body = {"argv": _heartbeat("c.hb", marker), "exec_id": "job-1"}
         with alice.stream("POST", f"/v1/sandboxes/{sandbox_id}/exec/stream", json=body) as run:
             lines = run.iter_lines()
             _expect_started(next(lines))
             with process_server.client(ALICE) as other:
                 assert other.delete(f"/v1/sandboxes/{sandbox_id}/execs/job-1").status_code == 204
                 # Answered once the process tree is gone: nothing writes any more.
-                assert not _grows(other, sandbox_id, "c.hb")
+                assert processes_with(marker) == []
             last = wire.decode_frame(list(lines)[-1].encode())
             assert isinstance(last, wire.ErrorFrame)
             assert last.error.code == "exec_cancelled"
@@ -950,22 +950,30 @@ async def test_lease_expiry_reaps_abandoned_sandboxes(make_server: Callable[...,
             base_url=server.url, headers={"authorization": f"Bearer {ALICE}"}, timeout=30
         ) as client,
     ):
-        # A request in flight keeps its sandbox alive past the lease.
+
+        async def expired(count: int) -> bool:
+            metrics = (await client.get("/metrics")).text
+            return f"asyncsandbox_remote_leases_expired_total {count}\n" in metrics
+
+        # A request in flight keeps its sandbox alive past the lease (a command of 2.5 s:
+        # 2.5 leases); the abandoned one's lease expires meanwhile.
         long_exec = await client.post(f"/v1/sandboxes/{busy}/exec", json={"argv": ["sleep", "2.5"]})
         assert long_exec.status_code == 200
         assert long_exec.json()["returncode"] == 0
-        # The backend renews the lease of the sandbox it holds (every lease/3).
-        await anyio.sleep(1.0)
+        await eventually_async(lambda: expired(1), what="the abandoned sandbox's lease expired")
+        # The backend renews the lease of the sandbox it holds (every lease/3): unused
+        # since its start, 2.5 leases ago, it is still there.
         assert (await kept.exec(["true"])).returncode == 0
         gone = await client.get(f"/v1/sandboxes/{abandoned}")
         assert gone.status_code == 404
-        await anyio.sleep(2.0)
+        # Once its request ended, the busy sandbox's lease runs out too (reading its record
+        # would renew it: the metrics say when).
+        await eventually_async(lambda: expired(2), what="the busy sandbox's lease expired")
         assert (await client.get(f"/v1/sandboxes/{busy}")).status_code == 404
         assert (await kept.exec(["true"])).returncode == 0
         assert abandoned not in server.sandbox_dirs()
         assert busy not in server.sandbox_dirs()
-        metrics = (await client.get("/metrics")).text
-        assert "asyncsandbox_remote_leases_expired_total 2" in metrics
+        assert await expired(2)
     assert server.sandbox_dirs() == []
 
 
