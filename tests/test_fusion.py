@@ -14,7 +14,6 @@ import re
 import shutil
 import socket
 import threading
-import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
@@ -32,7 +31,7 @@ from sandbox_fusion import CommandRunStatus, RunCodeRequest, RunCodeResponse, Ru
 
 from asyncsandbox import ExecTimeout, Session
 
-from ._support import ALICE, Server, kill_process_sandbox_processes, new_process_root
+from ._support import ALICE, Server, eventually, kill_process_sandbox_processes, new_process_root
 
 # -- the programs ---------------------------------------------------------------------------
 
@@ -144,14 +143,6 @@ def run(request: RunCodeRequest) -> RunCodeResponse:
     """The real client's ``run_code`` (one attempt: a failure shows, not a retry)."""
     response: RunCodeResponse = sf.run_code(request, max_attempts=1, client_timeout=120)
     return response
-
-
-def wait_for(predicate: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still not true after {timeout} s: {predicate}")
-        time.sleep(0.05)
 
 
 # -- languages ----------------------------------------------------------------------------
@@ -423,7 +414,7 @@ def test_verl_concurrent_requests(server: Server) -> None:
         assert answer["run_result"]["stdout"] == f"{i * i}\n", (i, answer)
         assert answer["run_result"]["return_code"] == expected_code, (i, answer)
         assert answer["status"] == ("Success" if expected_code == 0 else "Failed"), (i, answer)
-    wait_for(lambda: not server.sandbox_dirs())  # each request's sandbox is gone
+    eventually(lambda: not server.sandbox_dirs(), within=30)  # each request's sandbox is gone
 
 
 # -- auth, errors -------------------------------------------------------------------------
@@ -602,13 +593,13 @@ def test_an_infrastructure_failure_is_sandbox_error(server: Server) -> None:
     assert answer["status"] == "SandboxError", answer
     assert answer["message"].startswith("infrastructure error: "), answer
     assert answer["run_result"] is None  # no result of the program: it did not end
-    wait_for(lambda: not server.sandbox_dirs())
+    eventually(lambda: not server.sandbox_dirs(), within=30)
 
 
 def _wait_until_started(root: Path | None) -> None:
     """Wait until a program in a sandbox under ``root`` wrote its ``started`` file."""
     assert root is not None
-    wait_for(lambda: any(root.glob("*/fs/**/started")))
+    eventually(lambda: any(root.glob("*/fs/**/started")), within=30, what="the program started")
 
 
 def _kill_once_started(server: Server, request: Callable[[], None]) -> None:
@@ -659,14 +650,14 @@ def test_a_client_that_leaves_gets_its_sandbox_removed(server: Server) -> None:
     assert connection.sock is not None
     connection.sock.shutdown(socket.SHUT_RDWR)
     connection.close()
-    wait_for(lambda: not server.sandbox_dirs(), timeout=20)
+    eventually(lambda: not server.sandbox_dirs(), within=20, what="its sandbox removed")
 
     def counted() -> bool:  # once the sandbox is removed, a moment after its directory went
         metrics = requests.get(f"{server.url}/metrics", timeout=60).text
         killed = r"^asyncsandbox_remote_disconnect_kills_total [1-9]"
         return re.search(killed, metrics, re.MULTILINE) is not None
 
-    wait_for(counted, timeout=20)
+    eventually(counted, within=20, what="the kill counted")
 
 
 def test_quotas_apply(fusion_dir: Path) -> None:
@@ -675,7 +666,9 @@ def test_quotas_apply(fusion_dir: Path) -> None:
     server = Server(fusion_dir / "quota", "--max-live-per-tenant", "1", root=root)
     try:
         url = f"{keyed(server)}/run_code"
-        slow = {"code": "touch started; sleep 3; echo done", "language": "bash"}
+        # Runs until the test lets it end (it creates ``release`` beside ``started``).
+        held = "touch started; while [ ! -e release ]; do sleep 0.05; done; echo done"
+        slow = {"code": held, "language": "bash"}
         answers: list[requests.Response] = []
         thread = threading.Thread(
             target=lambda: answers.append(requests.post(url, json=slow, timeout=60))
@@ -687,6 +680,8 @@ def test_quotas_apply(fusion_dir: Path) -> None:
             assert refused.status_code == 429, refused.text
             assert refused.json()["error"]["code"] == "quota_exceeded"
         finally:
+            for started in root.glob("*/fs/**/started"):
+                (started.parent / "release").touch()
             thread.join(60)
         assert answers[0].json()["run_result"]["stdout"] == "done\n"
         again = requests.post(url, json={"code": "echo again", "language": "bash"}, timeout=60)
