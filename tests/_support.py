@@ -111,6 +111,12 @@ def processes_with(marker: str) -> list[str]:
     return found
 
 
+def running(program: str, marker: str) -> int:
+    """How many host processes run ``program`` with ``marker`` among its arguments (not
+    those that merely carry it, such as a shell whose script names it)."""
+    return sum(line.split(": ", 1)[1].startswith(program + " ") for line in processes_with(marker))
+
+
 async def processes_gone(marker: str, *, within: float) -> list[str]:
     """Wait up to ``within`` seconds for the processes carrying ``marker`` to be gone;
     return those still there (the caller asserts on them, with what they are)."""

@@ -43,6 +43,7 @@ from ._support import (
     episodes_leave_nothing,
     eventually_async,
     processes_with,
+    running,
     unique_marker,
 )
 
@@ -543,7 +544,7 @@ async def test_daemon_restart_mid_run_fails_in_flight_work_with_typed_errors() -
             for sb in sandboxes:
                 tg.start_soon(long_exec, sb)
             await eventually_async(
-                lambda: len(processes_with("sleep " + marker)) == 4, within=60, what="in flight"
+                lambda: running("sleep", marker) == 4, within=60, what="in flight"
             )
             os.kill(pid, signal.SIGTERM)  # a graceful restart, as `systemctl restart docker`
             await eventually_async(lambda: dockerd_pid() is None, within=60, what="it stopped")

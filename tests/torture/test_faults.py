@@ -38,9 +38,11 @@ from .._support import (
     Target,
     docker_backend,
     docker_test_image,
+    eventually_async,
     new_process_root,
     processes_gone,
     processes_with,
+    running,
     unique_marker,
 )
 from . import _host
@@ -73,18 +75,21 @@ async def test_container_killed_mid_exec(docker_target_fixture: Target, fast_pat
     async with target.session(backend=docker_backend(fast_path=fast_path)) as s:
         sb = await s.sandbox().start()
         container = sb.extra(DockerAttributes.container_id)
+        marker = unique_marker()
+        killed = 0.0
         async with anyio.create_task_group() as tg:
 
             async def kill() -> None:
-                await anyio.sleep(1)
+                nonlocal killed
+                await eventually_async(lambda: running("sleep", marker), what="the command runs")
+                killed = time.monotonic()
                 await _host.adocker("kill", container)
 
             tg.start_soon(kill)
-            started = time.monotonic()
             with pytest.raises(SandboxDied) as info:
-                await sb.exec(["sleep", "60"], timeout=90)
-            elapsed = time.monotonic() - started
-        assert elapsed < 1 + target.bound, f"the death was noticed after {elapsed:.1f}s"
+                await sb.exec(["sleep", marker], timeout=90)
+            elapsed = time.monotonic() - killed
+        assert elapsed < target.bound, f"the death was noticed {elapsed:.1f}s after the kill"
         with pytest.raises(SandboxDied):  # reported dead from now on
             await sb.exec(["true"])
         await sb.stop()
@@ -105,8 +110,7 @@ async def test_sandbox_killed_from_outside_mid_exec(process_target_fixture: Targ
         async with anyio.create_task_group() as tg:
 
             async def kill() -> None:
-                while not processes_with(marker):  # noqa: ASYNC110 - polling the host
-                    await anyio.sleep(0.05)
+                await eventually_async(lambda: processes_with(marker), what="the command runs")
                 _host.signal_processes(marker, signal.SIGKILL)
 
             tg.start_soon(kill)
@@ -145,17 +149,19 @@ OWNER = textwrap.dedent(
                 for _ in range(int(count)):
                     tg.start_soon(start)
             ready = 0
+            all_ready = anyio.Event()
             async def hold(sb):
                 nonlocal ready
                 async with sb.exec_stream(["sh", "-c", "echo up; exec sleep " + marker]) as run:
                     async for _ in run:
                         ready += 1
+                        if ready == 10:
+                            all_ready.set()
                         await anyio.sleep_forever()
             async with anyio.create_task_group() as tg:
                 for sb in sandboxes[:10]:
                     tg.start_soon(hold, sb)
-                while ready < 10:
-                    await anyio.sleep(0.05)
+                await all_ready.wait()
                 print("ready", len(sandboxes), flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
     anyio.run(main)
@@ -357,22 +363,23 @@ async def test_daemon_restart_through_proxy(
         async with flaky.session(retries=NO_RETRIES) as s:
             sandboxes = [await s.sandbox().start() for _ in range(3)]
             errors: list[BaseException] = []
+            marker = unique_marker()
 
             async def long_exec(i: int) -> None:
                 try:
-                    await sandboxes[i].exec(["sleep", "60"], timeout=90)
+                    await sandboxes[i].exec(["sleep", marker], timeout=90)
                 except InfrastructureError as exc:
                     errors.append(exc)
 
-            started = time.monotonic()
             async with anyio.create_task_group() as tg:
                 for i in range(3):
                     tg.start_soon(long_exec, i)
-                await anyio.sleep(1)
+                await eventually_async(lambda: running("sleep", marker) == 3, what="all three run")
+                down = time.monotonic()
                 proxy.set("down")
-            elapsed = time.monotonic() - started
+            elapsed = time.monotonic() - down
             assert len(errors) == 3, errors
-            assert elapsed < 1 + 10 + target.bound
+            assert elapsed < 10 + target.bound  # from the start, 1 s before: 1 + 10 + bound
             for e in errors:
                 REPORT.fault("daemon_down_in_flight_exec", "docker", type(e).__name__)
             with pytest.raises(InfrastructureError) as info:
@@ -405,8 +412,11 @@ async def test_lost_create_answers_leak_nothing(
             REPORT.fault(f"create_answer_{mode}", "docker", type(info.value).__name__)
             async with s.sandbox() as sb:
                 assert (await sb.exec(["true"], timeout=60)).returncode == 0
-    await anyio.sleep(1)
-    assert target.leftovers() == [], "a create whose answer was lost left its container"
+    await eventually_async(
+        lambda: not target.leftovers(),
+        within=1,
+        what="no container left by a create whose answer was lost",
+    )
 
 
 # -- the disk nearly full -------------------------------------------------------------------
