@@ -84,6 +84,14 @@ async def eventually_async(
         await anyio.sleep(POLL_INTERVAL)
 
 
+async def watch(look: Callable[[], object], *, every: float = POLL_INTERVAL) -> None:
+    """Call ``look()`` every ``every`` seconds until cancelled: an observer that samples
+    what it cannot be told about (the host's processes, a directory), waiting for nothing."""
+    while True:
+        look()
+        await anyio.sleep(every)
+
+
 # -- the host's processes -------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -48,6 +49,7 @@ from ._support import (
     process_options,
     processes_with,
     sandbox_dirs,
+    watch,
 )
 
 IS_ROOT = os.geteuid() == 0
@@ -274,18 +276,16 @@ async def test_1000_sandboxes_never_exceed_max_live(process_root: Path) -> None:
     peak_dirs = 0
     outputs: dict[int, bytes] = {}
 
-    async def watch() -> None:
+    def look() -> None:
         nonlocal peak_dirs
-        while True:
-            peak_dirs = max(peak_dirs, len(sandbox_dirs(process_root)))
-            await anyio.sleep(0.002)  # how often it looks: it waits for nothing
+        peak_dirs = max(peak_dirs, len(sandbox_dirs(process_root)))
 
     async def episode(s: Session, i: int) -> None:
         outputs[i] = (await s.run(["sh", "-c", 'echo "$0"', str(i)])).stdout
 
     async with session(process_root, limits=Limits(max_live=64)) as s:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(watch)
+            tg.start_soon(functools.partial(watch, look, every=0.002))
             async with anyio.create_task_group() as work:
                 for i in range(1000):
                     work.start_soon(episode, s, i)

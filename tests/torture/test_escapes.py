@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -27,12 +27,15 @@ from asyncsandbox._process import ProcessAttributes
 
 from .._support import (
     PROCESS_MECHANISMS,
+    eventually_async,
     mechanism_unavailable,
     new_process_root,
     process_options,
     processes_gone,
     processes_with,
+    running,
     unique_marker,
+    watch,
 )
 from . import _host
 from ._report import REPORT
@@ -299,25 +302,20 @@ async def test_commands_of_other_sandboxes_cannot_be_signalled(mechanism: str, r
             else:
                 tg.start_soon(other_session, name, ready)
             await ready.wait()
-        await wait_for(
-            lambda: sum("sleep " + marker in p for p in processes_with(marker)) > len(names)
+        await eventually_async(
+            lambda: running("sleep", marker) > len(names), within=30, what="the victims run"
         )
         host_pids = [int(line.split(":")[0]) for line in processes_with(marker)]
         async with s.sandbox() as attacker:
             plan = {"chroot": True, "kill": marker, "pids": host_pids, "inject": True}
             found = await run_kit(attacker, plan)
+        # Code the kit injected runs when its process's current system call returns: a
+        # second for any to strike (a proof by absence, so it waits).
         await anyio.sleep(1)
         tg.cancel_scope.cancel()
     escaped = bool(ended)
     record("signal other sandboxes", mechanism, escaped)
     assert not escaped, (ended, found)
-
-
-async def wait_for(condition: Callable[[], bool], within: float = 30) -> None:
-    """Poll ``condition`` (a look at the host) until it holds."""
-    with anyio.fail_after(within):
-        while not condition():  # noqa: ASYNC110 - nothing to wait on but the host's state
-            await anyio.sleep(0.05)
 
 
 # -- the launcher and the namespace's init ---------------------------------------------
@@ -459,20 +457,14 @@ async def test_environment_is_not_in_any_argv(mechanism: str, root: Path) -> Non
     """Values of ``env=`` (API keys) never show in ``ps``: no process's command line
     carries them, while the command runs."""
     token = "token-" + uuid.uuid4().hex
+    done: list[ExecResult] = []
+    seen: list[str] = []
     async with sandbox(root, mechanism) as sb, anyio.create_task_group() as tg:
-        done: list[ExecResult] = []
-
-        async def run() -> None:
-            done.append(
-                await sb.exec(["sh", "-c", 'echo "$API_TOKEN"; sleep 3'], env={"API_TOKEN": token})
-            )
-
-        tg.start_soon(run)
-        seen: list[str] = []
-        deadline = time.monotonic() + 2.5
-        while time.monotonic() < deadline:
-            seen += processes_with(token)
-            await anyio.sleep(0.02)
+        # Every process's command line, looked at all the while the command runs.
+        tg.start_soon(watch, lambda: seen.extend(processes_with(token)))
+        command = ["sh", "-c", 'echo "$API_TOKEN"; sleep 3']
+        done.append(await sb.exec(command, env={"API_TOKEN": token}))
+        tg.cancel_scope.cancel()
     escaped = bool(seen)
     record("env in argv", mechanism, escaped)
     assert done[0].stdout == token.encode() + b"\n"  # the command got it

@@ -24,7 +24,13 @@ from structlog.testing import capture_logs
 
 from asyncsandbox import LaunchError, RetryPolicy, Session
 
-from .._support import PROCESS_MECHANISMS, mechanism_unavailable, new_process_root, process_options
+from .._support import (
+    PROCESS_MECHANISMS,
+    eventually_async,
+    mechanism_unavailable,
+    new_process_root,
+    process_options,
+)
 from ._report import REPORT
 
 CHURN = r"""
@@ -171,9 +177,11 @@ async def test_a_transient_launch_failure_is_retried(mechanism: str) -> None:
 
                     tg.start_soon(run)
                     # The first attempt fails at once; restore /etc during the backoff.
-                    with anyio.fail_after(30):
-                        while not any(e["event"] == "backend.retry" for e in logs):  # noqa: ASYNC110 - logs have no event to wait on
-                            await anyio.sleep(0.01)
+                    await eventually_async(
+                        lambda: any(e["event"] == "backend.retry" for e in logs),
+                        within=30,
+                        what="the first attempt failed",
+                    )
                     await aside.rename(etc)
             assert results == [0]
     finally:
