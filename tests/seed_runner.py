@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ._support import eventually
+from ._support import eventually, sandbox_dirs
 
 BLOCKS = Path(__file__).resolve().parent / "seed_blocks"
 Namespace = dict[str, Any]
@@ -86,9 +86,9 @@ def collected(condition: Callable[[], bool]) -> Callable[[], bool]:
     return check
 
 
-def sandbox_dirs() -> list[str]:
-    root = Path(os.environ["ASYNCSANDBOX_PROCESS_ROOT"])
-    return [n for n in os.listdir(root) if not n.startswith(".")] if root.exists() else []
+def left() -> list[str]:
+    """The sandboxes left under the process root the test gave us."""
+    return sandbox_dirs(Path(os.environ["ASYNCSANDBOX_PROCESS_ROOT"]))
 
 
 def check(condition: bool, message: str) -> None:
@@ -192,7 +192,7 @@ def training_step(ctx: Context) -> None:
         eventually(
             collected(lambda: session.sandbox_count == 0), within=20, what="every sandbox stopped"
         )
-    check(sandbox_dirs() == [], "sandboxes left")
+    check(left() == [], "sandboxes left")
     print(f"rewards: {rewards}")
 
 
@@ -316,7 +316,7 @@ def check_reward_fn(ctx: Context, reward_fn: Callable[..., list[float]], session
             what="the reward's sandboxes stopped",
         )
         eventually(
-            collected(lambda: sandbox_dirs() == []),
+            collected(lambda: left() == []),
             within=20,
             what="the reward's sandboxes removed",
         )
@@ -433,7 +433,7 @@ def wandb_auto_detection(ctx: Context) -> None:
         run_block(ctx.seed, ctx.name, ns)
         check(ns["session"].sandbox_count == 0, "the session closed")
     wandb_records(metric_names(ctx))
-    check(sandbox_dirs() == [], "sandboxes left")
+    check(left() == [], "sandboxes left")
 
 
 class Assignments(dict[str, Any]):
