@@ -32,6 +32,10 @@ from asyncsandbox.testing import CHECKS, Check
 
 from ._support import eventually, eventually_async, processes_with, unique_marker
 
+# A cluster of three nodes started for the module, a fourth started and killed, 1,000
+# rollouts: slow (`uv run pytest -m slow`; CI runs them once).
+pytestmark = pytest.mark.slow
+
 IP = "127.0.0.2"
 NODE_ARGS = ["--num-cpus=1", "--object-store-memory=200000000", "--disable-usage-stats"]
 START_DEADLINE = 60.0

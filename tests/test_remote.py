@@ -171,11 +171,13 @@ def squeeze_served_container(sandbox: Sandbox) -> AbstractAsyncContextManager[No
     return docker_pids_squeezed(sandbox.id)
 
 
+# The server's backend is asyncio-only; the client runs on asyncio and trio alike, and on
+# trio it is checked through the process server above: here asyncio suffices.
 @pytest.mark.docker
 @pytest.mark.usefixtures("docker_engine")
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
 async def test_conformance_docker(docker_server: Server, check: Check) -> None:
-    # The server's backend is asyncio-only; the client runs on asyncio and trio alike.
     await check.run(docker_server.backend(), launch_failure=squeeze_served_container)
 
 
@@ -1250,6 +1252,7 @@ def _fuzz_test() -> Any:
     schema = schemathesis.openapi.from_dict(openapi())
     schemathesis.serializer.alias("application/x-tar", "application/octet-stream")
 
+    @pytest.mark.slow  # 50 examples per operation, each a real call
     @schema.parametrize()
     @settings(
         max_examples=int(os.environ.get("ASYNCSANDBOX_FUZZ_EXAMPLES", "50")),

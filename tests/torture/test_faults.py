@@ -49,6 +49,10 @@ from . import _host
 from ._proxy import DockerProxy, docker_proxy
 from ._report import REPORT
 
+# Faults injected into real daemons and owners, each waiting out its deadlines: slow
+# (`uv run pytest -m slow`; CI runs them once).
+pytestmark = pytest.mark.slow
+
 NO_RETRIES = RetryPolicy(attempts=1)
 
 

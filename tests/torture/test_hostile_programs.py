@@ -25,6 +25,10 @@ from .._support import Target, new_process_root, processes_gone, unique_marker
 from . import _host
 from ._report import REPORT
 
+# Hostile programs run to their limits (1 GiB of output, fork bombs, timeouts): slow
+# (`uv run pytest -m slow`; CI runs them once).
+pytestmark = pytest.mark.slow
+
 GIB = 1 << 30
 
 

@@ -33,6 +33,9 @@ from .._support import (
 )
 from ._report import REPORT
 
+# Launchers broken while commands churn: slow (`uv run pytest -m slow`; CI runs them once).
+pytestmark = pytest.mark.slow
+
 CHURN = r"""
 import collections, ctypes, json, os, shutil, sys, threading
 import anyio

@@ -39,6 +39,9 @@ from .._support import Target, processes_gone, unique_marker
 from . import _host
 from ._report import REPORT, full_run
 
+# Load with chaos and cancellation storms: slow (`uv run pytest -m slow`; CI runs them once).
+pytestmark = pytest.mark.slow
+
 HOSTILE = {
     "loop": (["python3", "-c", "while True: pass"], 2),
     "fork_bomb": (["sh", "-c", "b() { b | b & }; b; sleep 100"], 2),
