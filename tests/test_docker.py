@@ -442,6 +442,7 @@ async def test_image_without_python_is_a_clear_error(
     assert containers(f"asyncsandbox.tag.{tag}") == []
 
 
+@pytest.mark.slow  # 256 rollouts
 async def test_rollouts_at_concurrency_32_leave_nothing() -> None:
     """Done-when: 256 rollouts (create, 5 execs, a file write and read, remove) at
     concurrency 32, zero errors and zero containers left."""
@@ -520,6 +521,7 @@ restartable = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow  # and alone: it takes the daemon from every other user of it
 @restartable
 async def test_daemon_restart_mid_run_fails_in_flight_work_with_typed_errors() -> None:
     pid = dockerd_pid()
@@ -659,6 +661,7 @@ def test_recyclable_needs_the_sandbox_user() -> None:
         backend(recyclable=True, user="root")
 
 
+@pytest.mark.slow  # 64 episodes (the process backend's, in test_state, are not slow)
 async def test_recycling_under_load_hands_over_no_state() -> None:
     s = Session(
         backend(recyclable=True),
