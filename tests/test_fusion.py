@@ -106,6 +106,13 @@ async def run_directly(language: str, code: str, stdin: str | None) -> tuple[str
 # -- the server ---------------------------------------------------------------------------
 
 
+# A real server, clients on asyncio: the remote client on trio is proven by
+# test_remote.py's conformance run on both loops; the fusion endpoint is the server's.
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
 @pytest.fixture(scope="module")
 def fusion_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fusion")

@@ -72,6 +72,15 @@ REPO = Path(__file__).resolve().parent.parent
 # -- servers ------------------------------------------------------------------------------
 
 
+# Real servers, clients on asyncio: the runtime's policy is proven on both loops on the
+# fake backend (test_session.py), and the remote client on trio by the conformance suite
+# through a process server below. A test about one loop says which (its parametrization
+# wins).
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
 @pytest.fixture(scope="module")
 def server_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("remote")
@@ -147,6 +156,7 @@ def _expect_started(line: str) -> None:
 # -- conformance --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # the client on both loops
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
 async def test_conformance_process(process_server: Server, check: Check) -> None:
     @asynccontextmanager

@@ -12,9 +12,9 @@ SUPPORT = TESTS / "_support.py"
 DATA = {"seed_blocks"}  # the guides' code, kept as they wrote it: not ours
 
 # The sleeps that are the behaviour under test, not a wait for another task or process:
-# (file, the function it is in, the call) -> why. Anything else that sleeps fails the check below; wait
-# for an event, for anyio.wait_all_tasks_blocked(), or poll a condition under a deadline
-# with _support.eventually()/eventually_async().
+# (file, the function it is in, the call) -> why. Anything else that sleeps fails the check
+# below; wait for an event, for anyio.wait_all_tasks_blocked(), or poll a condition under a
+# deadline with _support.eventually()/eventually_async().
 SLEEPS_UNDER_TEST = {
     ("_support.py", "eventually", "time.sleep(POLL_INTERVAL)"): (
         "the poll interval of a condition under a deadline (what another process does "

@@ -30,6 +30,17 @@ from asyncsandbox.tools import TOOL_NAMES, Grade, Toolbox, ToolResult
 from ._support import eventually_async, processes_with, unique_marker
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # Tools on a real sandbox run on asyncio: the toolbox's policy is proven on both loops
+    # on the fake backend (the tests here that use it), the process backend on trio by the
+    # conformance suite (test_conformance.py).
+    explicit = any(
+        "anyio_backend" in str(m.args[0]) for m in metafunc.definition.iter_markers("parametrize")
+    )
+    if "process_root" in metafunc.fixturenames and not explicit:
+        metafunc.parametrize("anyio_backend", ["asyncio"])
+
+
 @asynccontextmanager
 async def process_toolbox(root: Path, **kwargs: Any) -> AsyncIterator[Toolbox]:
     async with (
