@@ -23,7 +23,7 @@ from pydantic_ai.workspaces.conformance import WorkspaceBackendSuite
 from asyncsandbox import InfrastructureError, LaunchError, SandboxDefaults, Session
 from asyncsandbox.testing import FakeBackend
 
-from .conftest import docker_test_image
+from ._support import docker_test_image
 
 
 async def destroy(backend: WorkspaceBackend) -> None:
