@@ -210,6 +210,7 @@ def test_trl_reward_function_on_docker(docker_engine: None, process_root: Path) 
     check_trl_reward_function(process_root, "docker", docker_test_image())
 
 
+@pytest.mark.slow  # a training run (when the examples-trl group is installed)
 @pytest.mark.timeout(900)
 def test_trl_grpo_training(process_root: Path) -> None:
     """The full training run: needs the examples-trl dependency group."""

@@ -68,6 +68,9 @@ class _Suite(WorkspaceBackendSuite):
         )
 
 
+# The conformance suite is full-size (and its strict xfail waits out the suite's 60 s for a
+# detached process, per backend and loop): slow. The error tests below stay in the default run.
+@pytest.mark.slow
 class TestProcessBackend(_Suite):
     @pytest.fixture
     async def session(self, process_root: Path) -> AsyncIterator[Session]:
@@ -75,6 +78,7 @@ class TestProcessBackend(_Suite):
             yield session
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 class TestDockerBackend(_Suite):
     @pytest.fixture
