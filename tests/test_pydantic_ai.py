@@ -57,12 +57,19 @@ class _Suite(WorkspaceBackendSuite):
             "rule); pydantic-ai's contract keeps a detached process alive for a later run"
         ),
     )
-    async def test_a_backend_attached_by_ref_reaches_a_detached_process(
+    # One fixture more than the suite's (pytest passes fixtures by name): the loop.
+    async def test_a_backend_attached_by_ref_reaches_a_detached_process(  # type: ignore[override]
         self,
         backend: WorkspaceBackend,
         attach_backend: Callable[[WorkspaceRef], WorkspaceBackend] | None,
         has_real_posix_shell: bool,
+        anyio_backend: str,
     ) -> None:
+        # It fails by waiting out the suite's 60 s hang guard: shown once, on the process
+        # backend on asyncio (the kill itself is the conformance check exit_kills_background,
+        # run on every backend and loop).
+        if anyio_backend != "asyncio" or not isinstance(self, TestProcessBackend):
+            pytest.xfail("shown on the process backend on asyncio (it waits 60 s)")
         await super().test_a_backend_attached_by_ref_reaches_a_detached_process(
             backend, attach_backend, has_real_posix_shell
         )
