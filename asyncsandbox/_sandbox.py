@@ -226,8 +226,9 @@ class Sandbox:
                     try:
                         runtime.check_open()
                         # A hand-over from the warm pool, else a new sandbox.
-                        handle = await pool.take(self.config) if pool is not None else None
-                        if handle is None:
+                        if pool is not None:
+                            handle = await pool.obtain(self.config)
+                        else:
                             handle = await runtime.create(runtime.spec(self.config))
                         self._handle = handle
                     finally:
