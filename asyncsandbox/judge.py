@@ -51,6 +51,7 @@ from ._judge._model import (
     TestCase,
     Verdict,
 )
+from ._util import claim_public
 
 __all__ = (
     "JudgeRequest",
@@ -68,3 +69,6 @@ __all__ = (
     "JudgeResult",
     "judge",
 )
+
+# Show public objects as `asyncsandbox.judge.X` (see asyncsandbox._util.claim_public).
+claim_public(__name__, globals())
