@@ -130,7 +130,7 @@ NEEDED_FILES = {
 }
 NEEDED_ENTRY_POINTS = {
     "asyncsandbox": ["[console_scripts]\nasyncsandbox = asyncsandbox._cli:main"],
-    "asyncsandbox_docker": ['[asyncsandbox.backends]\ndocker = asyncsandbox_docker:DockerBackend'],
+    "asyncsandbox_docker": ["[asyncsandbox.backends]\ndocker = asyncsandbox_docker:DockerBackend"],
     "asyncsandbox_remote": [
         "[asyncsandbox.backends]\nremote = asyncsandbox_remote:RemoteBackend",
         "[asyncsandbox.commands]\nserve = asyncsandbox_remote.server:main",

@@ -123,7 +123,6 @@ def test_public_structs_still_resolve_their_field_types(name: str) -> None:
             assert isinstance(msgspec.inspect.type_info(obj), msgspec.inspect.StructType), item
 
 
-
 def test_public_async_methods_say_how_they_cancel() -> None:
     """Every public coroutine method of Session and Sandbox documents cancellation or is
     trivially bounded."""
