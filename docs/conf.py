@@ -57,4 +57,3 @@ intersphinx_mapping = (
     if _PYTHON_INVENTORY.is_file()
     else {}
 )
-intersphinx_disabled_reftypes = ["*"]
