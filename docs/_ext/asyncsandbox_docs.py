@@ -128,6 +128,11 @@ def _public_bases(app: Sphinx, name: str, obj: object, options: object, bases: l
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
+    # Every public module claims its objects when it is imported: import them all before any
+    # page is read, so that a signature naming a type of another public module (Session.judge
+    # and asyncsandbox.judge.TestCase) names it by its public module.
+    for modname in PUBLIC_MODULES:
+        importlib.import_module(modname)
     ModuleAnalyzer.analyze = _analyze  # type: ignore[method-assign]
     app.connect("source-read", _link_out)
     app.connect("autodoc-process-bases", _public_bases)
