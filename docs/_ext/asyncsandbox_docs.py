@@ -26,33 +26,39 @@ from sphinx.application import Sphinx
 from sphinx.errors import PycodeError
 from sphinx.pycode import ModuleAnalyzer
 
-# The public modules whose objects come from private ones (asyncsandbox._util.claim_public,
-# or the plugins' loops).
-PUBLIC_MODULES = (
-    "asyncsandbox",
-    "asyncsandbox.abc",
-    "asyncsandbox.judge",
-    "asyncsandbox.log",
-    "asyncsandbox.testing",
-    "asyncsandbox.compat.cwsandbox",
-    "asyncsandbox.compat.aviato",
-    "asyncsandbox_docker",
-    "asyncsandbox_remote",
-    "asyncsandbox_remote.server",
-    "asyncsandbox_ray",
-    "asyncsandbox_inspect",
-)
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def public_modules() -> list[str]:
+    """The public modules of the core and of every distribution of the workspace: each
+    wheel's packages and their submodules, but those with a private name (``_x``)."""
+    import pkgutil
+    import tomllib
+
+    packages = ["asyncsandbox"]
+    for pyproject in sorted(REPOSITORY.glob("*/*/pyproject.toml")):
+        with pyproject.open("rb") as file:
+            build = tomllib.load(file).get("tool", {}).get("hatch", {}).get("build", {})
+        packages += build.get("targets", {}).get("wheel", {}).get("packages", [])
+    found = []
+    for package in packages:
+        module = importlib.import_module(package)
+        found.append(package)
+        walked = pkgutil.walk_packages(module.__path__, prefix=f"{package}.")
+        found += [info.name for info in walked if not _is_private(info.name)]
+    return found
 
 
 def _is_private(modname: str) -> bool:
     return any(part.startswith("_") for part in modname.split("."))
 
 
+_PUBLIC: set[str] = set()  # filled when the extension is set up
 _original_analyze = ModuleAnalyzer.analyze
 
 
 def _analyze(self: ModuleAnalyzer) -> None:
-    merge = not self._analyzed and self.modname in PUBLIC_MODULES
+    merge = not self._analyzed and self.modname in _PUBLIC
     _original_analyze(self)
     if merge:
         _merge_private_sources(self)
@@ -131,8 +137,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     # Every public module claims its objects when it is imported: import them all before any
     # page is read, so that a signature naming a type of another public module (Session.judge
     # and asyncsandbox.judge.TestCase) names it by its public module.
-    for modname in PUBLIC_MODULES:
-        importlib.import_module(modname)
+    _PUBLIC.update(public_modules())
     ModuleAnalyzer.analyze = _analyze  # type: ignore[method-assign]
     app.connect("source-read", _link_out)
     app.connect("autodoc-process-bases", _public_bases)
