@@ -288,9 +288,8 @@ def _public_modules() -> list[str]:
     for package in packages:
         found.append(package)
         path = importlib.import_module(package).__path__
-        found += [
-            m.name for m in pkgutil.walk_packages(path, f"{package}.") if not _private(m.name)
-        ]
+        walked = pkgutil.walk_packages(path, f"{package}.")
+        found += [m.name for m in walked if not any(p.startswith("_") for p in m.name.split("."))]
     return found
 
 

@@ -137,6 +137,7 @@ NEEDED_ENTRY_POINTS = {
     ],
     "asyncsandbox_ray": ["[asyncsandbox.backends]\nray = asyncsandbox_ray:RayBackend"],
     "asyncsandbox_inspect": ["[inspect_ai]\nasyncsandbox = asyncsandbox_inspect"],
+    "asyncsandbox_mcp": ["[asyncsandbox.commands]\nmcp = asyncsandbox_mcp:main"],
 }
 
 
@@ -280,7 +281,8 @@ def test_installed_from_the_wheels_alone(installed: Installed, process_root: Pat
         assert not Path(path).is_relative_to(ROOT), path
     version = installed.run(installed.cli, "--version", root=process_root).stdout
     assert version.splitlines()[0] == f"asyncsandbox {asyncsandbox.__version__}"
-    assert f"asyncsandbox-ray {asyncsandbox.__version__}" in version.splitlines()
+    for plugin in ("asyncsandbox-ray", "asyncsandbox-mcp", "asyncsandbox-pydantic-ai"):
+        assert f"{plugin} {asyncsandbox.__version__}" in version.splitlines()
 
 
 @pytest.mark.slow

@@ -78,6 +78,10 @@ PLUGIN_MODULES = [
     "asyncsandbox_remote.server",
     "asyncsandbox_ray",
     "asyncsandbox_inspect",
+    "asyncsandbox_langchain",
+    "asyncsandbox_mcp",
+    "asyncsandbox_openai_agents",
+    "asyncsandbox_pydantic_ai",
 ]
 
 
