@@ -122,6 +122,7 @@ NEEDED_FILES = {
         "asyncsandbox/_process/_executor.py",
         "asyncsandbox/_judge/_runner.py",  # the judge's runner, shipped into sandboxes
         "asyncsandbox/_barrier.py",  # the exit barrier, shipped with it
+        "asyncsandbox/_interpreter/_runner.py",  # the code interpreter's, shipped likewise
     ],
     "asyncsandbox_docker": [
         "asyncsandbox_docker/py.typed",
@@ -295,6 +296,7 @@ def test_installed_demo_and_backends(installed: Installed, process_root: Path) -
         assert re.search(rf"^\s*{name}\b", backends, flags=re.MULTILINE), backends
 
 
+# A command, a judgement and the code interpreter: what ships into sandboxes, exercised.
 JUDGE = """
 import json, sys
 
@@ -312,10 +314,14 @@ async def main(backend: str, options: str) -> None:
             [TestCase(stdin="1 2\\n", expected="3\\n"), TestCase(stdin="2 2\\n", expected="5\\n")],
             time_limit=10,
         )
+        async with session.sandbox() as sandbox:
+            await sandbox.run_code("x = 6")
+            interpreted = await sandbox.run_code("x * 7")
     print(json.dumps({
         "stdout": ran.stdout_text,
         "verdicts": [case.verdict.value for case in judged.cases],
         "score": judged.score,
+        "interpreted": interpreted.text,
     }))
 
 
@@ -331,6 +337,7 @@ def _judge(installed: Installed, backend: str, options: dict[str, str], root: Pa
         "stdout": "42\n",
         "verdicts": ["accepted", "wrong_answer"],
         "score": 0.5,
+        "interpreted": "42",
     }
 
 
