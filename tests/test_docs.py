@@ -352,3 +352,24 @@ def test_the_reference_documents_every_public_name_and_no_private_module(site: P
     for page in sorted((site / "api").glob("*.html")):
         named = re.findall(r"asyncsandbox\w*(?:\.\w+)*\._[a-z]\w*", page.read_text())
         assert named == [], page.name
+
+
+def test_the_readme_is_a_landing_page() -> None:
+    """At most 200 lines, with the two commands a newcomer runs and the docs command, each
+    under the marker CI reads it by; the rest lives in the documentation it links to."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    blocks = {b.code.strip() for b in BLOCKS if b.document == README and b.language == "bash"}
+    assert "uv run asyncsandbox demo" in blocks
+    for marker, command in (
+        ("<!-- ci: test command -->", "uv run pytest"),
+        (
+            "<!-- ci: docs command -->",
+            "uv run --group docs sphinx-build -W --keep-going -b html docs docs/_build/html",
+        ),
+    ):
+        after = text.split(marker + "\n", 1)[1]
+        assert after.startswith(f"```bash\n{command}\n```"), marker
+    linked = set(_LINK.findall(text))
+    for page in ("docs/getting-started.md", "docs/concepts.md", "docs/api/index.rst"):
+        assert page in linked
