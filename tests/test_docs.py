@@ -108,6 +108,16 @@ def test_the_documents_have_code_of_each_kind() -> None:
     assert any(b.document == README for b in RUNNABLE)
 
 
+# Blocks no test reads: output shown (```text) and the site's directives (MyST).
+UNCHECKED = ("text", "{toctree}", "{include}")
+
+
+def test_every_block_says_its_language_and_is_checked() -> None:
+    """A block without a language, or in one no test reads, would escape every check."""
+    checked = {"python", "bash", "sh", "shell", "toml", *UNCHECKED}
+    assert [b.id for b in BLOCKS if b.language not in checked] == []
+
+
 @pytest.mark.parametrize("block", PYTHON, ids=_ids)
 def test_python_block_compiles(block: Block) -> None:
     compile(block.code, block.id, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
