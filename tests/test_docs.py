@@ -58,9 +58,12 @@ class Block:
     language: str
     code: str
     output: str | None  # the ```text block after an <!-- output --> line that follows it
+    owner: str = ""  # a docstring's block: the name whose docstring it is in
 
     @property
     def id(self) -> str:
+        if self.owner:
+            return f"{self.owner} (docstring), block {self.line}"
         return f"{self.document.relative_to(ROOT)}:{self.line}"
 
     @property
@@ -225,6 +228,8 @@ def _commands(code: str) -> list[list[str]]:
     for line in joined.splitlines():
         line = line.split(" #", 1)[0].strip()
         words = shlex.split(line, comments=True) if line else []
+        while words and re.match(r"[A-Za-z_]\w*=", words[0]):  # VAR=value before it
+            words = words[1:]
         if words[:2] == ["uv", "run"]:
             words = words[2:]
         if words[:1] == ["asyncsandbox"]:
@@ -234,6 +239,10 @@ def _commands(code: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("block", [b for b in BASH if _commands(b.code)], ids=_ids)
 def test_asyncsandbox_commands_in_blocks_exist(block: Block) -> None:
+    _check_commands(block)
+
+
+def _check_commands(block: Block) -> None:
     for words in _commands(block.code):
         given = [w.split("=", 1)[0] for w in words if w.startswith("-")]
         if "--" in words:
@@ -252,6 +261,108 @@ def test_asyncsandbox_commands_in_blocks_exist(block: Block) -> None:
 @pytest.mark.parametrize("block", TOML, ids=_ids)
 def test_toml_block_parses(block: Block) -> None:
     tomllib.loads(block.code)
+
+
+# -- the code blocks of the docstrings, which the API reference shows ------------------
+
+# A docstring's literal block (after ``::``) is Python unless listed here, by the name
+# whose docstring holds it and its first line.
+DOCSTRING_BLOCKS_NOT_PYTHON = {
+    ("asyncsandbox.cli", '[project.entry-points."asyncsandbox.commands"]'): "toml",
+    ("asyncsandbox.tools", "Exit code: 0"): "text",  # the observations the model reads
+    ("asyncsandbox.tools", "exit=1"): "text",
+    ("asyncsandbox_remote.server", 'ASYNCSANDBOX_API_KEYS="alice:$(openssl rand -hex 24)" \\'): (
+        "bash"
+    ),
+}
+
+
+def _literal_blocks(docstring: str) -> list[str]:
+    """The literal blocks of a reST docstring: the indented lines after a ``::`` line."""
+    lines = docstring.splitlines()
+    blocks = []
+    for i, line in enumerate(lines):
+        if not line.rstrip().endswith("::") or line.lstrip().startswith(".."):
+            continue
+        j = i + 1
+        while j < len(lines) and not lines[j].strip():
+            j += 1
+        indent = len(line) - len(line.lstrip())
+        if j == len(lines) or len(lines[j]) - len(lines[j].lstrip()) <= indent:
+            continue
+        inner = len(lines[j]) - len(lines[j].lstrip())
+        block = []
+        while j < len(lines) and (
+            not lines[j].strip() or len(lines[j]) - len(lines[j].lstrip()) >= inner
+        ):
+            block.append(lines[j][inner:])
+            j += 1
+        blocks.append("\n".join(block).strip("\n") + "\n")
+    return blocks
+
+
+def _docstring_blocks() -> list[Block]:
+    """Every literal block of the docstrings of the public modules, their public names and
+    those names' public members (what the API reference renders)."""
+    import importlib
+    import inspect
+
+    docstrings: dict[str, str] = {}
+
+    def add(name: str, obj: object) -> None:
+        obj = getattr(obj, "__func__", getattr(obj, "fget", obj))
+        docstring = inspect.getdoc(obj) if not isinstance(obj, (str, int, float)) else None
+        if docstring and "::" in docstring and name not in docstrings:
+            docstrings[name] = docstring
+
+    for modname in _public_modules():
+        module = importlib.import_module(modname)
+        add(modname, module)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            add(f"{modname}.{name}", obj)
+            if inspect.isclass(obj):
+                for member, value in vars(obj).items():
+                    if not member.startswith("_"):
+                        add(f"{modname}.{name}.{member}", value)
+    blocks = []
+    for owner, docstring in docstrings.items():
+        for index, code in enumerate(_literal_blocks(docstring)):
+            first = code.splitlines()[0]
+            language = DOCSTRING_BLOCKS_NOT_PYTHON.get((owner, first), "python")
+            # document: the module's file; line: the block's index in the docstring
+            source = Path(inspect.getfile(importlib.import_module(owner.split(".")[0])))
+            blocks.append(Block(source, index + 1, language, code, None, owner))
+    return blocks
+
+
+def test_the_code_blocks_of_the_docstrings_are_checked() -> None:
+    """The API reference's examples: Python compiled and its asyncsandbox imports run,
+    TOML parsed, shell parsed and its asyncsandbox commands checked; the non-Python ones
+    are exactly those listed (so a Python example that stops compiling fails here)."""
+    blocks = _docstring_blocks()
+    assert sum(b.language == "python" for b in blocks) > 10  # the collection works
+    listed = {(b.owner, b.code.splitlines()[0]) for b in blocks if b.language != "python"}
+    assert listed == set(DOCSTRING_BLOCKS_NOT_PYTHON)
+    imports = []
+    for block in blocks:
+        if block.language == "python":
+            test_python_block_compiles(block)
+            imports += _our_imports(block.code)
+        elif block.language == "toml":
+            test_toml_block_parses(block)
+        elif block.language == "bash":
+            test_bash_block_parses(block)
+            assert _commands(block.code), block.id
+            _check_commands(block)
+    done = subprocess.run(
+        [sys.executable, "-c", "\n".join(sorted(set(imports)))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_error_tree_of_the_docs_is_the_code_s() -> None:
