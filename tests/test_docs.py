@@ -336,6 +336,7 @@ def _docstring_blocks() -> list[Block]:
     return blocks
 
 
+@pytest.mark.slow  # imports every public module, integrations included (~40 s here)
 def test_the_code_blocks_of_the_docstrings_are_checked() -> None:
     """The API reference's examples: Python compiled and its asyncsandbox imports run,
     TOML parsed, shell parsed and its asyncsandbox commands checked; the non-Python ones
