@@ -342,6 +342,32 @@ async def test_a_snapshot_while_commands_run_freezes_them_or_is_refused(
             assert len(numbers) > 10
 
 
+async def test_a_burst_larger_than_max_live_reuses_the_sandboxes_of_ended_runs(
+    process_root: Path,
+) -> None:
+    """``Session.run`` gathered 24 at once under ``max_live=3``, as a trainer scores a
+    batch: each call waiting for a slot takes the first sandbox an ended call leaves, reset,
+    rather than waiting for its removal to create its own. Each still finds a fresh
+    sandbox. On the old code a waiting start made every ended sandbox be removed (its slot
+    freed for the waiter): 24 sandboxes were created for 24 calls, no hand-over."""
+    async with session(process_root, limits=Limits(max_live=3)) as s:
+        outputs: list[list[str]] = []
+
+        async def one(i: int) -> None:
+            script = 'ls -A /workspace /tmp; echo "$0" > /workspace/mine; echo "$0"'
+            result = await s.run(["sh", "-c", script, str(i)])
+            outputs.append(result.stdout_text.split())
+
+        async with anyio.create_task_group() as tg:
+            for i in range(24):
+                tg.start_soon(one, i)
+        stats = s.statistics()
+    assert sorted(outputs) == sorted(["/tmp:", "/workspace:", str(i)] for i in range(24))
+    assert stats.sandboxes_started == 24
+    assert stats.pool_hits == 21, "a sandbox was created where an ended one could be reused"
+    assert _sandbox_dirs(process_root) == []
+
+
 async def test_recycling_under_load_hands_over_no_state(process_root: Path) -> None:
     pool = WarmPool(size=4, recycle=True)
     async with session(process_root, warm_pool=pool) as s:
