@@ -1,8 +1,6 @@
 """asyncsandbox: run untrusted, model-written code in isolated sandboxes, thousands at a
 time, from one async process (asyncio or trio)."""
 
-import msgspec as _msgspec
-
 from ._config import (
     Limits as Limits,
     Resources as Resources,
@@ -62,6 +60,8 @@ from ._sandbox import (
     Sandbox as Sandbox,
 )
 from ._session import Session as Session, SessionStatistics as SessionStatistics
+from ._util import claim_public as _claim_public
+from ._version import __version__ as __version__
 
 __all__ = (
     # running sandboxes
@@ -121,12 +121,5 @@ __all__ = (
     "SandboxOOMKilled",
 )
 
-# Show public objects as `asyncsandbox.X`. msgspec Structs keep their module: msgspec
-# resolves their annotations through it.
-for _name in __all__:
-    _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("asyncsandbox._") and not (
-        isinstance(_obj, type) and issubclass(_obj, _msgspec.Struct)
-    ):
-        _obj.__module__ = "asyncsandbox"
-del _name, _obj
+# Show public objects as `asyncsandbox.X`, msgspec Structs included.
+_claim_public(__name__, globals())

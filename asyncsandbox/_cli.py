@@ -215,11 +215,37 @@ def _run_plugin_command(
     return command(argv, verbosity=verbosity)
 
 
+class _Version(argparse.Action):
+    """``--version``: asyncsandbox's version, then each installed distribution of ours (the
+    plugins, found by name only when asked: listing distributions costs tens of ms)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from importlib.metadata import distributions
+
+        from ._version import __version__
+
+        lines = [f"asyncsandbox {__version__}"]
+        plugins = {
+            dist.metadata["Name"]: dist.version
+            for dist in distributions()
+            if (dist.metadata["Name"] or "").startswith("asyncsandbox-")
+        }
+        lines += [f"{name} {version}" for name, version in sorted(plugins.items())]
+        print("\n".join(lines))  # on stdout, as argparse's own version action does
+        parser.exit()
+
+
 def _parser(plugins: dict[str, EntryPoint]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncsandbox", description="Run untrusted code in isolated sandboxes."
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
+    parser.add_argument(
+        "--version", action=_Version, help="print the versions of asyncsandbox and its plugins"
+    )
     parser.add_argument("--async-library", choices=["asyncio", "trio"], default="asyncio")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--backend", default="process", help="backend name (default: process)")

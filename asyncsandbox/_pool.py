@@ -16,7 +16,7 @@ import msgspec
 from ._config import SandboxDefaults, WarmPool
 from ._errors import SandboxError
 from ._runtime import Runtime, RuntimeState
-from .abc import SandboxHandle
+from .abc import SandboxHandle, SandboxSpec
 
 FILL_FAILURE_PAUSE = 1.0  # seconds between fills of a backend that keeps failing
 MAX_IDLE = 64
@@ -51,6 +51,7 @@ class Pool:
         self._resetting = 0
         self._resetting_by_key: dict[bytes, int] = {}
         self._born: dict[str, float] = {}  # sandbox id -> when it was created
+        self._wanted: dict[bytes, int] = {}  # starts by settings waiting for a slot or one ready
         self._changed = anyio.Event()
         self._task_group: anyio.abc.TaskGroup | None = None
         self.hits = 0
@@ -59,25 +60,79 @@ class Pool:
     def ready(self) -> int:
         return sum(len(queue) for queue in self._ready.values())
 
-    async def take(self, config: SandboxDefaults) -> SandboxHandle | None:
-        """A ready sandbox for ``config``: the last that became ready, or one being reset
-        now (a reset costs less than a creation); None if there is none.
+    async def obtain(self, config: SandboxDefaults) -> SandboxHandle:
+        """A sandbox for ``config``, holding its ``live`` slot: a ready one (the last that
+        became ready, or one being reset now: a reset costs less than a creation), else a
+        new one. A reusable one (``recyclable``, or the recycling warm pool's) whose slot is
+        not free at once also takes the first sandbox of its settings to become ready
+        meanwhile, whichever comes first: a burst of episodes larger than ``max_live``
+        reuses the sandboxes of the episodes that end, rather than waiting for their
+        removal to create new ones.
 
-        Cancellation: nothing is taken.
+        Cancellation: nothing is taken and nothing is left.
         """
+        runtime = self._runtime
+        spec = runtime.spec(config)  # bad settings are refused before any wait
         key = _key(config)
-        queue = self._ready.get(key)
-        while not queue and self._resetting_by_key.get(key):
+        while not self._ready.get(key) and self._resetting_by_key.get(key):
             await self._changed.wait()
-            queue = self._ready.get(key)
+        handle = self._pop(key)
+        if handle is not None:
+            return handle
+        self._make_room()
+        live = runtime.live.statistics()
+        if not self._reusable(config) or live.limit is None or live.active < live.limit:
+            return await runtime.create(spec)
+        return await self._first_ready_or_created(key, spec)
+
+    async def _first_ready_or_created(self, key: bytes, spec: SandboxSpec) -> SandboxHandle:
+        won: list[SandboxHandle] = []
+
+        async def create(scope: anyio.CancelScope) -> None:
+            handle = await self._runtime.create(spec)
+            if won:  # a ready one came first: this one waits for the next episode
+                now = anyio.current_time()
+                self._born[handle.id] = now
+                self._ready.setdefault(key, deque()).append((handle, now, now))
+                self._changed.set()
+            else:
+                won.append(handle)
+                scope.cancel()
+
+        async def reuse(scope: anyio.CancelScope) -> None:
+            while (handle := self._pop(key)) is None:
+                await self._changed.wait()
+            won.append(handle)
+            scope.cancel()
+
+        self._wanted[key] = self._wanted.get(key, 0) + 1
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(create, tg.cancel_scope)
+                tg.start_soon(reuse, tg.cancel_scope)
+        except BaseException:
+            for handle in won:  # taken, and its taker is cancelled: nobody will use it
+                await self._discard(handle)
+            raise
+        finally:
+            self._wanted[key] -= 1
+            if not self._wanted[key]:
+                del self._wanted[key]
+        return won[0]
+
+    def _pop(self, key: bytes) -> SandboxHandle | None:
+        queue = self._ready.get(key)
         if not queue:
-            self._make_room()
             return None
         handle, _, _ = queue.pop()
         self._born.pop(handle.id, None)  # a recycled sandbox tells its age itself
         self._changed.set()
         self.hits += 1
         return handle
+
+    def _reusable(self, config: SandboxDefaults) -> bool:
+        warm = self._config is not None and self._config.recycle and _key(config) == self._home
+        return (warm or config.recyclable) and self._runtime.backend.capabilities.reset
 
     def recycle(self, handle: SandboxHandle, config: SandboxDefaults, age: float) -> bool:
         """Take back a released sandbox of ``config``, created ``age`` seconds ago, to
@@ -93,6 +148,7 @@ class Pool:
             if config.max_lifetime is not None:
                 max_age = min(max_age, config.max_lifetime / 2)
         runtime = self._runtime
+        key = _key(config)
         if (
             not (warm or config.recyclable)
             or not runtime.backend.capabilities.reset
@@ -100,13 +156,13 @@ class Pool:
             or runtime.state != RuntimeState.OPEN
             or age >= max_age
             or self.ready + self._resetting >= MAX_IDLE
-            or runtime.live.statistics().waiting
+            # A start of other settings waits for its slot: free this one for it.
+            or (runtime.live.statistics().waiting and not self._wanted.get(key))
         ):
             return False
         runtime.recycled(handle)
         self._born[handle.id] = anyio.current_time() - age
         self._resetting += 1
-        key = _key(config)
         self._resetting_by_key[key] = self._resetting_by_key.get(key, 0) + 1
         task_group.start_soon(self._reset, handle, key)
         return True

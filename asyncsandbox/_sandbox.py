@@ -22,6 +22,7 @@ from ._config import SandboxDefaults
 from ._errors import (
     ExecFailed,
     ExecTimeout,
+    InfrastructureError,
     InvalidArgument,
     SandboxClosed,
     SandboxDied,
@@ -143,6 +144,7 @@ class Sandbox:
         self._id: str | None = None if attached is None else attached.id
         self._start_lock = anyio.Lock()
         self._dead: SandboxDied | None = None
+        self._failed = False  # an infrastructure failure was seen: never recycled
         self._scopes: set[anyio.CancelScope] = set()
         self._log = owner.runtime.log
         self._execs = 0
@@ -226,8 +228,9 @@ class Sandbox:
                     try:
                         runtime.check_open()
                         # A hand-over from the warm pool, else a new sandbox.
-                        handle = await pool.take(self.config) if pool is not None else None
-                        if handle is None:
+                        if pool is not None:
+                            handle = await pool.obtain(self.config)
+                        else:
                             handle = await runtime.create(runtime.spec(self.config))
                         self._handle = handle
                     finally:
@@ -285,7 +288,7 @@ class Sandbox:
 
     def _recycled(self, handle: SandboxHandle) -> bool:
         pool = self._owner.pool
-        if pool is None or self._dead is not None or self.started_at is None:
+        if pool is None or self._dead is not None or self._failed or self.started_at is None:
             return False
         age = time.time() - self.started_at + (self.startup_seconds or 0.0)
         return pool.recycle(handle, self.config, age)
@@ -840,6 +843,9 @@ class Sandbox:
         except SandboxDied as exc:
             self._mark_dead(exc)
             raise
+        except InfrastructureError:
+            self._failed = True
+            raise
 
     # -- internals ----------------------------------------------------------------------
 
@@ -854,11 +860,15 @@ class Sandbox:
         return handle
 
     async def _guard(self, call: Awaitable[T]) -> T:
-        """A call of this sandbox through the runtime; its death is remembered."""
+        """A call of this sandbox through the runtime; its death is remembered, and so is
+        any infrastructure failure (a sandbox that had one is never recycled)."""
         try:
             return await call
         except SandboxDied as exc:
             self._mark_dead(exc)
+            raise
+        except InfrastructureError:
+            self._failed = True
             raise
 
     def _finished(self, result: ExecResult | None, error: BaseException | None) -> None:

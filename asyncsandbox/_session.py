@@ -69,9 +69,9 @@ class SessionStatistics(msgspec.Struct, frozen=True, kw_only=True):
     execs_failed: int
     """Commands that ended with an error other than their timeout (infrastructure, closed)."""
     pool_ready: int = 0
-    """Sandboxes waiting in the warm pool."""
+    """Sandboxes ready for a start: the warm pool's, and recycled ones reset."""
     pool_hits: int = 0
-    """Starts served from the warm pool."""
+    """Starts given a ready sandbox (the warm pool's or a recycled one) instead of a new."""
 
 
 @final

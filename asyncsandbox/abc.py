@@ -48,6 +48,7 @@ from ._interpreter._engine import Interpreter as SandboxInterpreter
 from ._interpreter._models import CodeContext, CodeEventCallback, CodeRequest, Execution
 from ._models import SandboxInfo, SnapshotInfo, Stream
 from ._shellfiles import InteractiveProcess, ShellFiles
+from ._util import claim_public
 
 __all__ = (
     "Backend",
@@ -400,3 +401,7 @@ class Backend(metaclass=ABCMeta):
         exc_tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+# Show public objects as `asyncsandbox.abc.X` (see asyncsandbox._util.claim_public).
+claim_public(__name__, globals())

@@ -54,6 +54,7 @@ PROGRAMS = (
     ),
     Program("infinite-loop", "while True:\n    pass\n", "timeout"),
 )
+"""The demo's six programs: the RL guide's five and a runaway that only its timeout ends."""
 SEED_PROGRAMS = PROGRAMS[:5]
 """The RL guide's five toy completions (the demo adds a runaway program)."""
 

@@ -16,7 +16,7 @@ stdout compared with what is expected) and score it::
 
 The program is compiled once (``c``, ``cpp``, ``java``) and every case runs in the same
 sandbox, ``parallel`` at a time, with its own time (and optionally memory) limit, under
-one runner command (:mod:`asyncsandbox._judge._runner`). Python is compiled once too: the
+one runner command (a standard-library program shipped into the sandbox). Python is compiled once too: the
 runner runs each case in a fork of an interpreter that compiled the program, as
 ``python3 main.py`` would run it, without paying an interpreter's start per case.
 
@@ -24,7 +24,7 @@ A verdict comes from the program's own answer: its exit status (from ``waitpid``
 signal that killed it, its time, and what its pipes hold when it ended, compared on the
 host (the expected outputs never enter the sandbox). A case ends when the program's main
 process ends: the runner holds it at its exit system call until everything else it
-started is killed (the exit barrier, :mod:`asyncsandbox._barrier`), so a process it left
+started is killed (the exit barrier: a seccomp user notification), so a process it left
 behind cannot answer after it ended, and nothing it prints can speak the runner's
 protocol. A checker program, when given, runs in a sandbox of its own, out of the judged
 program's reach.
@@ -51,6 +51,7 @@ from ._judge._model import (
     TestCase,
     Verdict,
 )
+from ._util import claim_public
 
 __all__ = (
     "JudgeRequest",
@@ -68,3 +69,6 @@ __all__ = (
     "JudgeResult",
     "judge",
 )
+
+# Show public objects as `asyncsandbox.judge.X` (see asyncsandbox._util.claim_public).
+claim_public(__name__, globals())

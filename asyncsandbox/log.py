@@ -15,5 +15,9 @@ Backend plugins log through this module, so that they behave alike::
 """
 
 from ._log import Logger, get_logger
+from ._util import claim_public
 
 __all__ = ("Logger", "get_logger")
+
+# Show public objects as `asyncsandbox.log.X` (see asyncsandbox._util.claim_public).
+claim_public(__name__, globals())

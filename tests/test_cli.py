@@ -31,6 +31,20 @@ def cli(
     )
 
 
+def test_version_names_the_core_and_each_installed_plugin(process_root: Path) -> None:
+    from importlib.metadata import version
+
+    import asyncsandbox
+
+    done = cli("--version", root=process_root)
+    assert done.returncode == 0, done.stderr.decode()
+    lines = done.stdout.decode().splitlines()
+    assert lines[0] == f"asyncsandbox {asyncsandbox.__version__}"
+    assert asyncsandbox.__version__ == version("asyncsandbox")  # the built metadata agrees
+    assert f"asyncsandbox-docker {version('asyncsandbox-docker')}" in lines[1:]
+    assert f"asyncsandbox-remote {version('asyncsandbox-remote')}" in lines[1:]
+
+
 def test_demo_runs_the_main_job(process_root: Path) -> None:
     done = cli("demo", root=process_root)
     out = done.stdout.decode()

@@ -7,9 +7,7 @@ asyncio-only), pointed at the server as a user points it: ``E2B_API_URL``,
 from __future__ import annotations
 
 import secrets
-import shutil
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -27,58 +25,7 @@ from e2b import (
 )
 from e2b.sandbox.commands.command_handle import PtySize
 
-from .conftest import docker_test_image, require_docker
-from .test_remote import ALICE, BOB, Server, _new_root
-
-
-def eventually(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Poll ``predicate`` until it holds (an AssertionError past ``timeout`` seconds)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still not true after {timeout} s")
-        time.sleep(0.05)
-
-
-@pytest.fixture(
-    scope="module",
-    params=["process", pytest.param("docker", marks=pytest.mark.docker)],
-)
-def server(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    """The server, on each backend it serves E2B's API on (Docker: skipped without an
-    engine, like ``docker_engine``)."""
-    directory = tmp_path_factory.mktemp("e2b") / "main"
-    if request.param == "docker":
-        require_docker()
-        started = Server(
-            directory,
-            "--backend-option",
-            f"default_image={docker_test_image()}",
-            backend="docker",
-        )
-        try:
-            yield started
-        finally:
-            started.stop()
-        return
-    root = _new_root()
-    started = Server(directory, root=root)
-    try:
-        yield started
-    finally:
-        started.stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
-def e2b_env(server: Server, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("E2B_API_URL", server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
-    monkeypatch.setenv("E2B_API_KEY", ALICE)
-    monkeypatch.delenv("E2B_DEBUG", raising=False)
-    return server.url
+from ._support import ALICE, BOB, Server, eventually
 
 
 @pytest.fixture
@@ -115,7 +62,7 @@ def test_cwd_envs_and_sandbox_env(e2b_env: str) -> None:
 def test_a_timeout_kills_the_process_tree(sandbox: Sandbox) -> None:
     with pytest.raises(TimeoutException):
         sandbox.commands.run("(sleep 300 &) ; echo started > /tmp/m; sleep 300", timeout=2)
-    eventually(lambda: sandbox.commands.list() == [])
+    eventually(lambda: sandbox.commands.list() == [], within=30)
     survivors = sandbox.commands.run("ps -e -o comm= | grep -c '^sleep$' || true")
     assert survivors.stdout.strip() == "0"
 
@@ -180,7 +127,7 @@ def test_lifecycle_timeout_and_kill(e2b_env: str) -> None:
     assert Sandbox.kill(made.sandbox_id) is False
 
 
-def test_isolation_between_sandboxes_and_tenants(e2b_env: str, server: Server) -> None:
+def test_isolation_between_sandboxes_and_tenants(e2b_env: str, e2b_server: Server) -> None:
     one = Sandbox.create("base")
     two = Sandbox.create("base")
     try:
@@ -198,26 +145,26 @@ def test_isolation_between_sandboxes_and_tenants(e2b_env: str, server: Server) -
         two.kill()
 
 
-def test_auth_is_refused_without_key_or_token(sandbox: Sandbox, server: Server) -> None:
+def test_auth_is_refused_without_key_or_token(sandbox: Sandbox, e2b_server: Server) -> None:
     with pytest.raises(AuthenticationException):
         Sandbox.create("base", api_key="e2b_" + "0" * 40)
     envd = {
         "E2b-Sandbox-Id": sandbox.sandbox_id,
         "E2b-Sandbox-Port": "49983",
     }
-    bare = httpx.get(f"{server.url}/files", params={"path": "/etc/hostname"}, headers=envd)
+    bare = httpx.get(f"{e2b_server.url}/files", params={"path": "/etc/hostname"}, headers=envd)
     assert bare.status_code == 401
     wrong = httpx.get(
-        f"{server.url}/files",
+        f"{e2b_server.url}/files",
         params={"path": "/etc/hostname"},
         headers={**envd, "X-Access-Token": "not-the-token"},
     )
     assert wrong.status_code == 401
 
 
-def test_unknown_sandbox_answers_502_was_not_found(server: Server) -> None:
+def test_unknown_sandbox_answers_502_was_not_found(e2b_server: Server) -> None:
     answer = httpx.post(
-        f"{server.url}/process.Process/List",
+        f"{e2b_server.url}/process.Process/List",
         json={},
         headers={"E2b-Sandbox-Id": "nosuchsandbox", "E2b-Sandbox-Port": "49983"},
     )
@@ -225,14 +172,14 @@ def test_unknown_sandbox_answers_502_was_not_found(server: Server) -> None:
     assert "was not found" in answer.json()["message"]
 
 
-def test_hostile_connect_envelopes_are_refused(sandbox: Sandbox, server: Server) -> None:
+def test_hostile_connect_envelopes_are_refused(sandbox: Sandbox, e2b_server: Server) -> None:
     headers = {
         "E2b-Sandbox-Id": sandbox.sandbox_id,
         "E2b-Sandbox-Port": "49983",
         "X-Access-Token": sandbox._envd_access_token or "",
         "Content-Type": "application/connect+json",
     }
-    url = f"{server.url}/process.Process/Start"
+    url = f"{e2b_server.url}/process.Process/Start"
     # A frame announcing 2 GiB, a truncated frame, and garbage JSON in a whole frame.
     for body in (b"\x00\x7f\xff\xff\xff{}", b"\x00\x00\x00\x00\x10{", b"\x00\x00\x00\x00\x02}{"):
         answer = httpx.post(url, content=body, headers=headers, timeout=30)
@@ -241,7 +188,7 @@ def test_hostile_connect_envelopes_are_refused(sandbox: Sandbox, server: Server)
     assert sandbox.commands.run("echo still fine").stdout == "still fine\n"
 
 
-def test_unsupported_features_are_clear_errors(sandbox: Sandbox, server: Server) -> None:
+def test_unsupported_features_are_clear_errors(sandbox: Sandbox, e2b_server: Server) -> None:
     with pytest.raises(SandboxException, match="memory-preserving pause"):
         sandbox.pause()
     for field, value in (
@@ -250,7 +197,7 @@ def test_unsupported_features_are_clear_errors(sandbox: Sandbox, server: Server)
         ("volumeMounts", [{"name": "v", "path": "/v"}]),
     ):
         answer = httpx.post(
-            f"{server.url}/v2/sandboxes",
+            f"{e2b_server.url}/v2/sandboxes",
             json={"templateID": "base", field: value},
             headers={"X-API-KEY": ALICE},
         )

@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -38,13 +37,21 @@ from asyncsandbox.abc import Backend, SandboxSpec
 from asyncsandbox.judge import Program, TestCase, Verdict
 from asyncsandbox.testing import CHECKS, Check
 
-from .conftest import kill_process_sandbox_processes, process_launcher_broken
-from .test_remote import ALICE, BOB, Server, _new_root
+from ._support import (
+    ALICE,
+    BOB,
+    Server,
+    eventually,
+    eventually_async,
+    kill_process_sandbox_processes,
+    new_process_root,
+    process_launcher_broken,
+)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = _new_root()
+    root = new_process_root()
     started = Server(tmp_path_factory.mktemp("e2b-backend") / "main", root=root)
     try:
         yield started
@@ -183,9 +190,10 @@ async def test_a_sandbox_removed_behind_our_back_died(server: Server) -> None:
 
 async def test_a_sandbox_killed_while_its_command_runs_died(server: Server) -> None:
     async def kill_when_running(sb: Sandbox) -> None:
-        # (polling the sandbox: another process)
-        while not (await sb.exec(["sh", "-c", "ls /tmp/running 2>/dev/null"])).stdout:  # noqa: ASYNC110
-            await anyio.sleep(0.05)
+        async def running() -> bool:  # (polling the sandbox: another process)
+            return bool((await sb.exec(["sh", "-c", "ls /tmp/running 2>/dev/null"])).stdout)
+
+        await eventually_async(running, within=60, what="the command runs")
         async with httpx.AsyncClient() as client:
             await client.delete(f"{server.url}/sandboxes/{sb.id}", headers={"X-API-KEY": ALICE})
 
@@ -221,9 +229,9 @@ async def test_judge_warm_pool_and_metrics(server: Server) -> None:
             [TestCase(stdin="1 2\n", expected="3\n"), TestCase(stdin="1 1\n", expected="3\n")],
         )
         assert [c.verdict for c in result.cases] == [Verdict.ACCEPTED, Verdict.WRONG_ANSWER]
-        with anyio.fail_after(60):
-            while session.statistics().pool_ready < 2:  # noqa: ASYNC110 - polling statistics
-                await anyio.sleep(0.05)
+        await eventually_async(
+            lambda: session.statistics().pool_ready >= 2, within=60, what="the pool is ready"
+        )
         async with session.sandbox() as sb:
             assert (await sb.exec(["echo", "pooled"])).stdout == b"pooled\n"
         assert session.statistics().pool_hits >= 1
@@ -272,13 +280,15 @@ async def test_an_owner_that_vanished_leaves_nothing_past_a_lease(server: Server
     async with make(server, lease_seconds=2)() as backend:
         handle = await backend.create(spec)
     async with make(server)() as observer:
-        with anyio.fail_after(30):
-            while True:
-                try:
-                    await observer.attach(handle.id)
-                except SandboxNotFound:
-                    break
-                await anyio.sleep(0.2)
+
+        async def gone() -> bool:
+            try:
+                await observer.attach(handle.id)
+            except SandboxNotFound:
+                return True
+            return False
+
+        await eventually_async(gone, within=30, what="the vanished owner's sandbox ended")
 
 
 # -- the shepherd, on this machine ------------------------------------------------------
@@ -319,14 +329,6 @@ def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
 
 
-def eventually(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still not true after {timeout} s")
-        time.sleep(0.05)
-
-
 DAEMON = "(setsid sh -c 'echo $$ > daemon.pid; exec sleep 300' &); "
 
 
@@ -334,21 +336,22 @@ def test_the_shepherd_kills_what_the_command_left_behind(tmp_path: Path) -> None
     run = shepherd(tmp_path, "sh", "-c", DAEMON + "while [ ! -s daemon.pid ]; do :; done; exit 3")
     assert ended(run)[0] == 3
     daemon = int((tmp_path / "daemon.pid").read_text())
-    eventually(lambda: not alive(daemon))
+    eventually(lambda: not alive(daemon), within=30)
 
 
 def test_the_shepherd_kills_the_tree_on_sigterm_and_at_its_deadline(tmp_path: Path) -> None:
     run = shepherd(tmp_path, "sh", "-c", DAEMON + "exec sleep 300")
     eventually(
-        lambda: (tmp_path / "daemon.pid").exists() and bool((tmp_path / "daemon.pid").read_text())
+        lambda: (tmp_path / "daemon.pid").exists() and bool((tmp_path / "daemon.pid").read_text()),
+        within=30,
     )
     run.send_signal(signal.SIGTERM)
     assert ended(run)[0] == 137
-    eventually(lambda: not alive(int((tmp_path / "daemon.pid").read_text())))
+    eventually(lambda: not alive(int((tmp_path / "daemon.pid").read_text())), within=30)
     (tmp_path / "daemon.pid").unlink()
     timed = shepherd(tmp_path, "sh", "-c", DAEMON + "exec sleep 300", deadline="1.5")
     assert ended(timed)[0] == 137
-    eventually(lambda: not alive(int((tmp_path / "daemon.pid").read_text())))
+    eventually(lambda: not alive(int((tmp_path / "daemon.pid").read_text())), within=30)
 
 
 def test_the_shepherd_reports_a_command_that_cannot_start_as_a_shell_does(tmp_path: Path) -> None:

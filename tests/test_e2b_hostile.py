@@ -20,13 +20,13 @@ import msgspec
 import pytest
 from asyncsandbox_remote._e2b._openapi import e2b_openapi
 
-from .test_remote import ALICE, BOB, Server, _new_root
+from ._support import ALICE, BOB, Server, new_process_root
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A server whose quotas bound what the fuzzer makes."""
-    root = _new_root()
+    root = new_process_root()
     started = Server(
         tmp_path_factory.mktemp("e2b-hostile") / "main",
         "--max-live-per-tenant",
@@ -193,7 +193,8 @@ def _fuzz_test() -> Any:
     return test_fuzz_e2b_api
 
 
-test_fuzz_e2b_api = _fuzz_test()
+# Slow: about 150 s here under load (every operation, 50 examples each); -m slow runs it.
+test_fuzz_e2b_api = pytest.mark.slow(_fuzz_test())
 
 
 def test_the_target_survived_the_fuzzer(target: E2bTarget) -> None:

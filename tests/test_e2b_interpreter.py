@@ -15,10 +15,7 @@ from e2b import InvalidArgumentException, NotFoundException, SandboxException, T
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 from e2b_code_interpreter.models import ExecutionError, OutputMessage, Result
 
-from .test_e2b_api import e2b_env, server
-from .test_remote import Server
-
-__all__ = ("e2b_env", "server")  # the fixtures, shared with test_e2b_api.py
+from ._support import Server
 
 
 @pytest.fixture
@@ -210,25 +207,26 @@ def test_no_public_traffic_is_taken_other_network_settings_refused(e2b_env: str)
         Sandbox.create(timeout=60, network={"allow_public_traffic": True})
 
 
-def test_the_interpreter_needs_the_sandboxs_tokens(sandbox: Sandbox, server: Server) -> None:
+def test_the_interpreter_needs_the_sandboxs_tokens(sandbox: Sandbox, e2b_server: Server) -> None:
     sandbox.run_code("1")
     base = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49999"}
     assert sandbox.traffic_access_token
     assert sandbox.traffic_access_token != sandbox._envd_access_token
-    assert httpx.get(f"{server.url}/contexts", headers=base).status_code == 401
+    assert httpx.get(f"{e2b_server.url}/contexts", headers=base).status_code == 401
     wrong = {**base, "E2B-Traffic-Access-Token": "x" + sandbox.traffic_access_token}
-    assert httpx.get(f"{server.url}/contexts", headers=wrong).status_code == 401
+    assert httpx.get(f"{e2b_server.url}/contexts", headers=wrong).status_code == 401
     right = {**base, "E2B-Traffic-Access-Token": sandbox.traffic_access_token}
-    assert httpx.get(f"{server.url}/contexts", headers=right).status_code == 200
+    assert httpx.get(f"{e2b_server.url}/contexts", headers=right).status_code == 200
     # The traffic token opens the interpreter only, not envd.
     envd = {**right, "E2b-Sandbox-Port": "49983"}
     assert (
-        httpx.post(f"{server.url}/process.Process/List", json={}, headers=envd).status_code == 401
+        httpx.post(f"{e2b_server.url}/process.Process/List", json={}, headers=envd).status_code
+        == 401
     )
     other = Sandbox.create(timeout=60)
     try:
         foreign = {**base, "E2B-Traffic-Access-Token": other.traffic_access_token or ""}
-        assert httpx.get(f"{server.url}/contexts", headers=foreign).status_code == 401
+        assert httpx.get(f"{e2b_server.url}/contexts", headers=foreign).status_code == 401
     finally:
         other.kill()
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import types
+import typing
 
+import msgspec
 import pytest
 
 import asyncsandbox
@@ -68,10 +71,61 @@ def test_public_items_are_documented(module: types.ModuleType) -> None:
     assert undocumented == []
 
 
+# The plugins' public modules: they claim their objects too.
+PLUGIN_MODULES = [
+    "asyncsandbox_docker",
+    "asyncsandbox_e2b",
+    "asyncsandbox_remote",
+    "asyncsandbox_remote.server",
+    "asyncsandbox_ray",
+    "asyncsandbox_inspect",
+    "asyncsandbox_langchain",
+    "asyncsandbox_mcp",
+    "asyncsandbox_openai_agents",
+    "asyncsandbox_pydantic_ai",
+]
+
+
 def test_top_level_objects_claim_the_package() -> None:
     assert asyncsandbox.Session.__module__ == "asyncsandbox"
     assert asyncsandbox.ExecTimeout.__module__ == "asyncsandbox"
     assert asyncsandbox.wait.__module__ == "asyncsandbox"
+    # msgspec Structs too
+    assert repr(asyncsandbox.Limits) == "<class 'asyncsandbox.Limits'>"
+    assert asyncsandbox.ExecResult.__module__ == "asyncsandbox"
+    assert asyncsandbox.judge.JudgeResult.__module__ == "asyncsandbox.judge"
+
+
+def _public_objects(name: str) -> list[tuple[str, object]]:
+    module = importlib.import_module(name)
+    return [
+        (item, getattr(module, item))
+        for item in module.__all__
+        if inspect.isclass(getattr(module, item)) or inspect.isfunction(getattr(module, item))
+    ]
+
+
+@pytest.mark.parametrize("name", [m.__name__ for m in PUBLIC_MODULES] + PLUGIN_MODULES)
+def test_public_objects_report_a_public_module(name: str) -> None:
+    """What users import says where they import it from (reprs, tracebacks, help(), the API
+    reference): never a private module's name."""
+    private = [
+        f"{item}: {obj.__module__}"
+        for item, obj in _public_objects(name)
+        if any(part.startswith("_") for part in obj.__module__.split("."))
+    ]
+    assert private == []
+
+
+@pytest.mark.parametrize("name", [m.__name__ for m in PUBLIC_MODULES] + PLUGIN_MODULES)
+def test_public_structs_still_resolve_their_field_types(name: str) -> None:
+    """msgspec and typing.get_type_hints look a class's annotations up in the module its
+    ``__module__`` names: claiming a Struct for a public module must not break decoding it."""
+    for item, obj in _public_objects(name):
+        if isinstance(obj, type) and issubclass(obj, msgspec.Struct):
+            assert typing.get_type_hints(obj), item
+            assert msgspec.json.Decoder(obj).type is obj  # resolves every field's type
+            assert isinstance(msgspec.inspect.type_info(obj), msgspec.inspect.StructType), item
 
 
 def test_public_async_methods_say_how_they_cancel() -> None:

@@ -39,6 +39,7 @@ features this layer lacks (interactive stdin and TTYs, main processes and their 
 raise ``TypeError`` naming the closest known one.
 """
 
+from .._util import claim_public
 from ._client import (
     OperationRef,
     Process,
@@ -118,3 +119,6 @@ __all__ = (
     "UnsupportedFeatureError",
     "CloudOnlyFeatureError",
 )
+
+# Show public objects as `asyncsandbox.compat.cwsandbox.X` (see asyncsandbox._util.claim_public).
+claim_public(__name__, globals())

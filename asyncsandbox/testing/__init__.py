@@ -5,6 +5,7 @@
 * :data:`PROBE` / :func:`probe`: the small program the suite runs inside sandboxes.
 """
 
+from .._util import claim_public
 from ._conformance import (
     CHECKS as CHECKS,
     Check as Check,
@@ -34,3 +35,6 @@ __all__ = (
     "probe",
     "emitted",
 )
+
+# Show public objects as `asyncsandbox.testing.X` (see asyncsandbox._util.claim_public).
+claim_public(__name__, globals())

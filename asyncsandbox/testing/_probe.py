@@ -74,6 +74,11 @@ elif mode == "mode":
 else:
     sys.exit("unknown probe mode " + mode)
 """
+"""The probe's source: a stdlib-only program the conformance suite runs in sandboxes as
+``python3 -c PROBE MODE ARGS...`` (:func:`probe` makes that argv). Its modes: ``echo``,
+``env NAME``, ``pwd``, ``exit N``, ``emit STREAM NBYTES``, ``binary``, ``heartbeat FILE``,
+``tree DIR``, ``spawn-and-exit DIR``, ``sleep SECONDS``, ``cat FILE``, ``write FILE TEXT``,
+``mode FILE``."""
 
 
 def probe(mode: str, *args: object) -> list[str]:

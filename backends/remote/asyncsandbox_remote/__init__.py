@@ -8,3 +8,9 @@
 from ._client import RemoteAttributes as RemoteAttributes, RemoteBackend as RemoteBackend
 
 __all__ = ("RemoteAttributes", "RemoteBackend")
+
+# Show public objects as `asyncsandbox_remote.X` (in reprs, tracebacks and the API reference),
+# as anyio does for its own.
+for _obj in (RemoteAttributes, RemoteBackend):
+    _obj.__module__ = __name__
+del _obj

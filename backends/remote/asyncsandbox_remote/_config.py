@@ -1,6 +1,9 @@
-"""Server configuration and tenants (API keys)."""
+"""Server configuration and tenants (API keys).
 
-from __future__ import annotations
+No ``from __future__ import annotations``: the structs' annotations are evaluated here, so
+that msgspec and :func:`typing.get_type_hints` still resolve them once
+:mod:`asyncsandbox_remote.server` claims the structs as its own.
+"""
 
 import hashlib
 import os
@@ -107,7 +110,7 @@ class Tenant(msgspec.Struct, frozen=True, kw_only=True):
     """Overrides ``ServerConfig.max_execs_per_tenant`` when set."""
 
     @classmethod
-    def from_key(cls, name: str, key: str, **quotas: int | None) -> Tenant:
+    def from_key(cls, name: str, key: str, **quotas: int | None) -> "Tenant":
         """A tenant ``name`` authenticated by ``key`` (at least 16 characters)."""
         if not _TENANT_NAME.fullmatch(name):
             raise InvalidArgument(

@@ -112,6 +112,7 @@ class Metrics:
                 ("session_execs_finished_total", statistics.execs_finished, "Commands ended."),
                 ("session_execs_timed_out_total", statistics.execs_timed_out, "Timed out."),
                 ("session_execs_failed_total", statistics.execs_failed, "Infrastructure errors."),
+                ("session_pool_hits_total", statistics.pool_hits, "Starts given a ready one."),
             ):
                 family(name, "counter", help_)
                 sample(name, value)
@@ -120,6 +121,8 @@ class Metrics:
                 statistics.lifecycle,
                 statistics.execs,
             ]
+            family("session_pool_ready", "gauge", "Sandboxes reset and ready for a start.")
+            sample("session_pool_ready", statistics.pool_ready)
             family("session_slots_active", "gauge", "Slots held in the server's Session limits.")
             for lim in limiters:
                 sample("session_slots_active", lim.active, limiter=lim.name)

@@ -3,7 +3,7 @@
 The server runs a real :class:`asyncsandbox.Session` over this wrapper, and uses its
 sandboxes only through the public :class:`asyncsandbox.Sandbox` (archives included), so
 every runtime policy (limits, deadlines, retries, error mapping, cleanup) applies
-unchanged; the wrapper only delegates, except that :meth:`_ServedHandle.remove` does
+unchanged; the wrapper only delegates (every method of the contract: a test checks), except that :meth:`_ServedHandle.remove` does
 nothing once the server decided to keep its sandboxes (``--on-shutdown keep``).
 """
 
@@ -15,7 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, Self
 
-from asyncsandbox import SandboxInfo
+from asyncsandbox import SandboxInfo, SnapshotInfo, Timeouts
 from asyncsandbox.abc import (
     Backend,
     BackendCapabilities,
@@ -36,6 +36,10 @@ class ServedBackend(Backend):
         self.inner = inner
         self.keep = False
         """Set on shutdown with the ``keep`` policy: removals become no-ops."""
+
+    def use_timeouts(self, timeouts: Timeouts) -> None:
+        super().use_timeouts(timeouts)
+        self.inner.use_timeouts(timeouts)
 
     @property
     def capabilities(self) -> BackendCapabilities:
@@ -64,6 +68,9 @@ class ServedBackend(Backend):
 
     async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
         return await self.inner.list(labels=labels)
+
+    async def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        return await self.inner.list_snapshots()
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         await self.inner.delete_snapshot(snapshot_id)
@@ -123,6 +130,9 @@ class _ServedHandle(SandboxHandle):
 
     async def snapshot(self, *, labels: Mapping[str, str] | None = None) -> str:
         return await self._inner.snapshot(labels=labels)
+
+    async def reset(self) -> None:
+        await self._inner.reset()
 
     async def remove(self) -> None:
         if not self._backend.keep:

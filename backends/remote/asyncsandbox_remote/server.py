@@ -40,6 +40,14 @@ from ._config import KEYS_ENV, ServerConfig, Tenant, load_tenants
 __all__ = ("ServerConfig", "Tenant", "create_app", "load_tenants", "main", "serve")
 
 
+# Show public objects as `asyncsandbox_remote.server.X`, as anyio does for its own. The
+# structs' annotations are evaluated where they are defined (_config.py has no postponed
+# annotations): msgspec would otherwise look their names up here.
+for _obj in (ServerConfig, Tenant, create_app, load_tenants):
+    _obj.__module__ = __name__
+del _obj
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 

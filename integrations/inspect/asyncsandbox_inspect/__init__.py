@@ -10,3 +10,9 @@ from ._provider import (
 )
 
 __all__ = ("AsyncSandboxConfig", "AsyncSandboxEnvironment")
+
+# Show public objects as `asyncsandbox_inspect.X` (in reprs, tracebacks and the API reference),
+# as anyio does for its own.
+for _obj in (AsyncSandboxConfig, AsyncSandboxEnvironment):
+    _obj.__module__ = __name__
+del _obj

@@ -28,3 +28,9 @@ __all__ = (
     "INFRASTRUCTURE_ERROR",
     "main",
 )
+
+# Show public objects as `asyncsandbox_mcp.X` (in reprs, tracebacks and the API reference),
+# as anyio does for its own.
+for _obj in (McpConfig, Workspaces, serve_stdio, serve_http, create_app, main):
+    _obj.__module__ = __name__
+del _obj

@@ -1,7 +1,9 @@
 """What the MCP server offers and how long a session's sandbox may live: one struct,
-built once (from the command line or by the embedding application) and passed down."""
+built once (from the command line or by the embedding application) and passed down.
 
-from __future__ import annotations
+No ``from __future__ import annotations``: the struct's annotations are evaluated here, so
+that msgspec and :func:`typing.get_type_hints` still resolve them once :mod:`asyncsandbox_mcp`
+claims the struct as its own."""
 
 import math
 from typing import Any
