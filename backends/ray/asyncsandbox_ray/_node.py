@@ -127,11 +127,9 @@ class NodeAgent:
         self._handles: dict[str, SandboxHandle] = {}
         self._runs: dict[str, _Run] = {}
         self._leases: dict[str, float] = {}
-        self._killed: dict[str, float] = {}
+        self._killed: dict[str, float] = {}  # run ids killed before they started
         self._abandoned: dict[str, float] = {}  # create tokens the driver gave up on
-        self._created: dict[
-            str, str
-        ] = {}  # create token -> sandbox, until acknowledged  # run ids killed before they started
+        self._created: dict[str, tuple[str, float]] = {}  # create token -> (sandbox, when)
         self._started = time.time()
         self._sweeper: asyncio.Task[None] | None = None
         self._interpreters: dict[str, SandboxInterpreter] = {}  # by local id
@@ -221,8 +219,10 @@ class NodeAgent:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def create(self, token: str, spec: dict[str, Any]) -> Any:
-        """Create a sandbox; ``token`` (the driver's) lets :meth:`abandon` undo it."""
+    async def create(self, token: str, owner: str, ttl: float, spec: dict[str, Any]) -> Any:
+        """Renew ``owner``'s lease and create a sandbox (one round trip); ``token`` (the
+        driver's) lets :meth:`abandon` undo it."""
+        self._leases[owner] = time.time() + ttl
         try:
             backend = await self._open()
             spec = dict(spec)
@@ -234,19 +234,17 @@ class NodeAgent:
         if token in self._abandoned:  # the driver gave up while we were creating
             await self._remove(handle.id)
             return "error", ("died", {"id": handle.id, "reason": "create abandoned"})
-        self._created[token] = handle.id
+        # Kept for ORPHAN_AFTER seconds (the sweeper forgets it): a driver cancelled just
+        # as this answer was on its way still finds what to undo.
+        self._created[token] = (handle.id, time.monotonic())
         return "ok", handle.id
 
     async def abandon(self, token: str) -> None:
         """The driver cancelled the create ``token``: remove what it made, now or later."""
         self._abandoned[token] = time.monotonic()
-        local_id = self._created.pop(token, None)
-        if local_id is not None:
-            await self._remove(local_id)
-
-    async def created(self, token: str) -> None:
-        """The driver has the sandbox of create ``token``: forget the token."""
-        self._created.pop(token, None)
+        created = self._created.pop(token, None)
+        if created is not None:
+            await self._remove(created[0])
 
     async def attach(self, local_id: str) -> Any:
         try:
@@ -484,12 +482,15 @@ class NodeAgent:
                 await asyncio.sleep(LINGER)  # gather a little more per round trip
 
     async def reap_orphans(self) -> int:
-        """Kill commands nobody polled for ``ORPHAN_AFTER`` seconds."""
+        """Kill commands nobody polled for ``ORPHAN_AFTER`` seconds; forget old tokens."""
         now = time.monotonic()
         for table in (self._killed, self._abandoned):
             for key, when in list(table.items()):
                 if now - when > ORPHAN_AFTER:
                     del table[key]
+        for token, (_, when) in list(self._created.items()):
+            if now - when > ORPHAN_AFTER:
+                del self._created[token]
         stale = [rid for rid, run in self._runs.items() if now - run.polled > ORPHAN_AFTER]
         for rid in stale:
             await self.exec_kill(rid)
