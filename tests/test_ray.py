@@ -11,14 +11,17 @@ this module's tests are done, also when one fails.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -274,6 +277,153 @@ async def test_node_killed_mid_exec(ray_cluster: LocalCluster) -> None:
         from asyncsandbox_ray import RayAttributes
 
         assert await _wipe_node(doomed.extra(RayAttributes.node_id)) == 1
+
+
+def _identity(pid: int) -> bytes | None:
+    """``pid``'s start time (so a reused pid is not taken for it), or None once it exited
+    (a zombie has exited: it is only its exit status)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return None if fields[0] in (b"Z", b"X") else fields[19]
+
+
+def _left(processes: dict[int, bytes | None]) -> list[int]:
+    return [pid for pid, start in processes.items() if _identity(pid) == start]
+
+
+async def _eventually(predicate: Callable[[], bool], within: float, what: str) -> None:
+    """Poll ``predicate`` until it holds; fail after ``within`` seconds."""
+    with anyio.move_on_after(within):
+        while not predicate():  # noqa: ASYNC110 - polling processes of the host
+            await anyio.sleep(0.1)
+        return
+    pytest.fail(f"{what}: not within {within:g}s")
+
+
+@contextlib.contextmanager
+def _raylet_killed(cluster: LocalCluster, name: str, *, reaped: bool) -> Iterator[None]:
+    """SIGKILL node ``name``'s raylet, and nothing else of the node. ``reaped``: its
+    parent (``ray start``) reaps it and ends the node's other daemons, as it does; else
+    the parent is stopped first, so the raylet stays a zombie (as under an init that does
+    not reap), which Ray's own check in its workers counts as alive. The node's processes
+    are all killed on leaving."""
+    parent = cluster.processes[name].pid
+    raylet = cluster.raylet(name)
+    started = _identity(raylet)
+    if not reaped:
+        os.kill(parent, signal.SIGSTOP)
+    try:
+        os.kill(raylet, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while _identity(raylet) == started:  # exited: a zombie, or reaped
+            assert time.monotonic() < deadline, "the raylet outlived SIGKILL"
+            time.sleep(0.05)
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(parent, signal.SIGCONT)
+        cluster.kill_node(name)
+
+
+@pytest.mark.timeout(300)  # a node and its agent start: a minute here when the machine is busy
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
+async def test_a_raylet_killed_is_sandbox_died(ray_cluster: LocalCluster, reaped: bool) -> None:
+    """A node's raylet SIGKILLed while a command runs there: the command, and every later
+    call of that node's sandboxes (exec, write_file, read_file), raise SandboxDied (the
+    sandbox is gone), never a plain InfrastructureError (which says: retry in it).
+    Another node's sandbox goes on."""
+    from asyncsandbox_ray import RayAttributes
+
+    name = f"raylet-{'reaped' if reaped else 'zombie'}"
+    resource = f"asb_{name}"
+    ray_cluster.start_node(name, {resource: 1})
+    victim = Session("ray", backend_options=ray_cluster.backend_options(resources={resource: 1}))
+    other = Session("ray", backend_options=ray_cluster.backend_options(resources={"asb_w1": 1}))
+    marker = f"1000.{uuid.uuid4().int % 10**8}"
+    async with victim, other:
+        running, *idle = [await victim.sandbox().start() for _ in range(4)]
+        node_id = running.extra(RayAttributes.node_id)
+        survivor = await other.sandbox().start()
+        for sb in idle:
+            await sb.write_file("f", b"before")
+        outcome: list[BaseException] = []
+
+        async def run() -> None:
+            try:
+                await running.exec(["sleep", marker])
+            except Exception as exc:  # noqa: BLE001 - the test looks at its type
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await _eventually(lambda: bool(_processes_with(marker)), 30, "the command")
+            with _raylet_killed(ray_cluster, name, reaped=reaped):
+                calls = (
+                    lambda: idle[0].exec(["echo", "hello"]),
+                    lambda: idle[1].write_file("f", b"after"),
+                    lambda: idle[2].read_file("f"),
+                )
+                for call in calls:
+                    with anyio.fail_after(60), pytest.raises(SandboxDied):
+                        await call()
+                with anyio.fail_after(60):
+                    while not outcome:  # noqa: ASYNC110 - the exec's own task ends it
+                        await anyio.sleep(0.1)
+        assert isinstance(outcome[0], SandboxDied), repr(outcome[0])
+        assert (await survivor.exec(["echo", "alive"])).stdout == b"alive\n"
+    await _wipe_node(node_id)  # what the agent had no time to remove (Ray's exit came first)
+
+
+AGENT_EXIT_BOUND = 15.0
+"""Seconds from a raylet's death until no process of its node's agent is left: the agent
+notices at once (a pidfd on the raylet), spends at most ``EXIT_GRACE`` (5 s) removing its
+sandboxes, then exits; the rest is slack for a loaded two-core machine."""
+
+
+@pytest.mark.timeout(300)
+async def test_an_agent_does_not_outlive_its_raylet(ray_cluster: LocalCluster) -> None:
+    """A node's raylet SIGKILLed and left unreaped (Ray's own check in the agent counts it
+    alive, so the agent used to live on for hours): within ``AGENT_EXIT_BOUND`` seconds
+    the agent, its sandboxes' processes and their command are gone, and so are the
+    sandboxes' files."""
+    from asyncsandbox_ray import RayAttributes
+    from asyncsandbox_ray.testing import descendants
+
+    ray_cluster.start_node("orphan", {"asb_orphan": 1})
+    options = ray_cluster.backend_options(resources={"asb_orphan": 1})
+    marker = f"1000.{uuid.uuid4().int % 10**8}"
+    async with Session("ray", backend_options=options) as session:
+        sandboxes = [await session.sandbox().start() for _ in range(2)]
+        node_id = sandboxes[0].extra(RayAttributes.node_id)
+        agent = (await _where(sandboxes[0]))["pid"]
+
+        async def run() -> None:
+            with contextlib.suppress(SandboxDied):
+                await sandboxes[0].exec(["sleep", marker])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await sandboxes[1].exec(["true"])  # its executor started too
+            await _eventually(lambda: bool(_processes_with(marker)), 30, "the command")
+            processes = {pid: _identity(pid) for pid in [agent, *descendants(agent)]}
+            assert len(processes) >= 4, processes  # agent, executors, the command's init
+            with _raylet_killed(ray_cluster, "orphan", reaped=False):
+                await _eventually(lambda: not _left(processes), AGENT_EXIT_BOUND, "the agent")
+                assert await _wipe_node(node_id) == 0  # the agent removed its sandboxes
+            tg.cancel_scope.cancel()
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+    return found
 
 
 # -- load ---------------------------------------------------------------------------------
