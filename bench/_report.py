@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ._systems import BASELINE, FLOORS
+from ._systems import BASELINE, FLOORS, RAY_DIRECT
 
 Measurement = dict[str, Any]
 CONTENDED = 0.10
@@ -295,6 +295,44 @@ def _rollout_section(run: dict[str, Any], index: Index) -> list[str]:
                 "x docker-py",
                 "x raw-aiodocker",
             ],
+            rows,
+        ),
+        "",
+    ]
+
+
+def _ray_section(run: dict[str, Any], index: Index) -> list[str]:
+    """Ray's hop: each asyncsandbox-ray figure beside the nodes' backend run directly."""
+    rows = []
+    for m in [m for w in ("exec", "lifecycle", "rollout") for m in _ms_of(w, run)]:
+        if m["system"] != "asyncsandbox-ray":
+            continue
+        direct = index.get(m["workload"], RAY_DIRECT, m["params"])
+        rows.append(
+            [
+                m["workload"],
+                ", ".join(f"{k}={v}" for k, v in m["params"].items() if k != "duration"),
+                _fmt(_metric(direct, "throughput")),
+                _fmt(_metric(m, "throughput")) if m["status"] == "ok" else m["status"],
+                _x(index.ratio(m, RAY_DIRECT)),
+                _errors(m),
+                _other(m),
+            ]
+        )
+    if not rows:
+        return []
+    return [
+        "## Ray: the driver-to-node hop",
+        "",
+        (
+            f'The same points through `Session("ray")` (each call to the sandbox\'s node '
+            f"agent, which runs it on the process backend) and on the process backend in the "
+            f"driver (`{RAY_DIRECT}`), in this run. Per second: rollouts, execs, or "
+            "create+remove cycles."
+        ),
+        "",
+        *_table(
+            ["workload", "point", f"{RAY_DIRECT} /s", "ray /s", "x direct", "errors", "other CPU"],
             rows,
         ),
         "",
@@ -595,6 +633,14 @@ def _targets(run: dict[str, Any], index: Index) -> list[str]:
             f"- fast path off, rollouts within 10% of raw aiodocker: {_x(ratio)} → "
             f"{_verdict(ratio, 0.9)}"
         )
+    for m in _ms_of("rollout", run):
+        if m["system"] == "asyncsandbox-ray" and m["params"]["concurrency"] in (16, 32):
+            ratio = index.ratio(m, RAY_DIRECT)
+            lines.append(
+                f"- Ray rollouts ≥ 0.9x the nodes' backend directly ({RAY_DIRECT}), "
+                f"R={m['params']['rollouts']}, C={m['params']['concurrency']}: {_x(ratio)} → "
+                f"{_verdict(ratio, 0.9)}"
+            )
     execs = _ms_of("exec", run)
 
     def peak(system: str) -> float | None:
@@ -731,6 +777,7 @@ def render(run: dict[str, Any], *, link_prefix: str = "", log: bool = True) -> s
         lines += section
         for plot in run.get("plots", {}).get(workload, []):
             lines += [f"![{Path(plot).stem}]({link_prefix}{plot})", ""]
+    lines += _ray_section(run, index)
     problems = [m for m in run["measurements"] if m["status"] not in ("ok",)]
     errors = [
         m for m in run["measurements"]
