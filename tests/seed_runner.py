@@ -1,7 +1,7 @@
 """Runs one Python block of the RL guides (tests/seed_blocks/), as a user would, and checks
 the outcome the guide describes. Used by tests/test_seeds.py, one process per block::
 
-    python tests/seed_runner.py cwsandbox_000 04_reward_function_excerpt
+    python -m tests.seed_runner cwsandbox_000 04_reward_function_excerpt
 
 The block runs verbatim (only its imports were mapped to asyncsandbox.compat), with the
 names the guide leaves undefined supplied here: a scripted model and ``parse_tool_calls``
@@ -26,6 +26,8 @@ import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
+
+from ._support import eventually, sandbox_dirs
 
 BLOCKS = Path(__file__).resolve().parent / "seed_blocks"
 Namespace = dict[str, Any]
@@ -73,18 +75,20 @@ def find(seed: str, stem: str) -> str:
     return path.stem
 
 
-def eventually(predicate: Callable[[], bool], what: str, within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached in {within:g}s: {what}")
+def collected(condition: Callable[[], bool]) -> Callable[[], bool]:
+    """``condition``, checked after a garbage collection (dropped sandboxes are stopped
+    when collected)."""
+
+    def check() -> bool:
         gc.collect()
-        time.sleep(0.05)
+        return condition()
+
+    return check
 
 
-def sandbox_dirs() -> list[str]:
-    root = Path(os.environ["ASYNCSANDBOX_PROCESS_ROOT"])
-    return [n for n in os.listdir(root) if not n.startswith(".")] if root.exists() else []
+def left() -> list[str]:
+    """The sandboxes left under the process root the test gave us."""
+    return sandbox_dirs(Path(os.environ["ASYNCSANDBOX_PROCESS_ROOT"]))
 
 
 def check(condition: bool, message: str) -> None:
@@ -185,8 +189,10 @@ def training_step(ctx: Context) -> None:
     with ctx.session() as session:
         rewards = ns["training_step"](ScriptedModel(), TASKS, session)
         check(rewards == [1.0, 0.0], f"rewards {rewards}")
-        eventually(lambda: session.sandbox_count == 0, "every sandbox stopped")
-    check(sandbox_dirs() == [], "sandboxes left")
+        eventually(
+            collected(lambda: session.sandbox_count == 0), within=20, what="every sandbox stopped"
+        )
+    check(left() == [], "sandboxes left")
     print(f"rewards: {rewards}")
 
 
@@ -304,8 +310,16 @@ def check_reward_fn(ctx: Context, reward_fn: Callable[..., list[float]], session
             f"{len(texts) - len(with_code)} skipped (no code)"
         )
         # The guide's pattern never stops these sandboxes: they go once collected.
-        eventually(lambda: session.sandbox_count == 0, "the reward's sandboxes stopped")
-        eventually(lambda: sandbox_dirs() == [], "the reward's sandboxes removed")
+        eventually(
+            collected(lambda: session.sandbox_count == 0),
+            within=20,
+            what="the reward's sandboxes stopped",
+        )
+        eventually(
+            collected(lambda: left() == []),
+            within=20,
+            what="the reward's sandboxes removed",
+        )
 
 
 def trl_reward_fn(ctx: Context) -> None:
@@ -419,7 +433,7 @@ def wandb_auto_detection(ctx: Context) -> None:
         run_block(ctx.seed, ctx.name, ns)
         check(ns["session"].sandbox_count == 0, "the session closed")
     wandb_records(metric_names(ctx))
-    check(sandbox_dirs() == [], "sandboxes left")
+    check(left() == [], "sandboxes left")
 
 
 class Assignments(dict[str, Any]):
@@ -558,7 +572,11 @@ def logged_reward(ctx: Context) -> None:
     check(isinstance(first["sandbox_id"], str) and first["sandbox_id"].startswith("p-"), "id")
     check((first["step"], first["returncode"], first["stdout_len"]) == (0, 0, 3), str(first))
     check(logged[1].__dict__["stderr_len"] > 0, "the syntax error's stderr")
-    eventually(lambda: ns["session"].sandbox_count == 0, "logged_reward stops its sandboxes")
+    eventually(
+        collected(lambda: ns["session"].sandbox_count == 0),
+        within=20,
+        what="logged_reward stops its sandboxes",
+    )
     print(f"rewards {rewards}; debug records with sandbox_id {first['sandbox_id']}")
 
 

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,8 @@ from asyncsandbox.compat.cwsandbox import (
     UnsupportedFeatureError,
 )
 
+from ._support import eventually, processes_with, unique_marker
+
 
 @pytest.fixture(autouse=True)
 def root(process_root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
@@ -57,13 +58,6 @@ def dirs(root: Path) -> list[str]:
         return [n for n in os.listdir(root) if not n.startswith(".")]
     except FileNotFoundError:
         return []
-
-
-def eventually(predicate: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 # -- surface ----------------------------------------------------------------------------------
@@ -166,13 +160,15 @@ def test_exec_returns_a_future_of_str_output_and_the_sdks_errors() -> None:
 def test_cancel_kills_the_command() -> None:
     with Session() as session:
         sandbox = session.sandbox()
-        process = sandbox.exec(["sh", "-c", "sleep 60"])
+        marker = unique_marker()
+        process = sandbox.exec(["sleep", marker])
         sandbox.wait()
-        time.sleep(0.2)
+        eventually(lambda: processes_with(marker), what="the command runs")
         assert process.cancel()
         with pytest.raises(concurrent.futures.CancelledError):
             process.result()
         assert process.returncode is None
+        eventually(lambda: not processes_with(marker), what="the command killed")
         assert sandbox.exec(["echo", "alive"]).result().stdout == "alive\n"
 
 

@@ -24,7 +24,7 @@ from asyncsandbox.testing import (
 )
 from asyncsandbox.testing._fake import BUILTIN_COMMANDS
 
-from .conftest import process_launch_failure
+from ._support import process_launch_failure
 
 
 def fake() -> tuple[Callable[[], Backend], LaunchFailure | None]:

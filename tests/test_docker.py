@@ -3,6 +3,7 @@ backend says so (see test_refuses_trio_with_a_clear_error)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -34,7 +35,17 @@ from asyncsandbox import (
 )
 from asyncsandbox.testing import CHECKS, Check
 
-from .conftest import docker_pids_squeezed, docker_problem, docker_test_image
+from ._support import (
+    a_recycled_sandbox_is_fresh,
+    docker_pids_squeezed,
+    docker_problem,
+    docker_test_image,
+    episodes_leave_nothing,
+    eventually_async,
+    processes_with,
+    running,
+    unique_marker,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_engine")]
 IMAGE = docker_test_image()
@@ -79,8 +90,27 @@ def unique() -> str:
     return "test-" + uuid.uuid4().hex[:8]
 
 
+async def stopped(*containers: str) -> bool:
+    """Whether none of ``containers`` runs any more (a removed one does not)."""
+    with anyio.fail_after(30):
+        done = await anyio.run_process(
+            ["docker", "inspect", "-f", "{{.State.Running}}", *containers], check=False
+        )
+    return b"true" not in done.stdout.split()
+
+
+def blocked_writing(marker: str) -> bool:
+    """Whether the host process ``yes MARKER`` is blocked writing to its full pipe."""
+    for line in processes_with(marker):
+        pid, command = line.split(": ", 1)
+        if command.startswith("yes "):
+            with contextlib.suppress(OSError):
+                return "pipe_write" in Path(f"/proc/{pid}/wchan").read_text()
+    return False
+
+
 def squeeze_pids(sandbox: Sandbox) -> AbstractAsyncContextManager[None]:
-    """The launch_failure hook: no fork succeeds in the container (tests/conftest.py)."""
+    """The launch_failure hook: no fork succeeds in the container (tests/_support.py)."""
     return docker_pids_squeezed(sandbox.extra(DockerAttributes.container_id))
 
 
@@ -219,7 +249,7 @@ async def test_executor_releases_every_job_and_idles() -> None:
 
                 tg.start_soon(worker)
         fds, cpu = await anyio.to_thread.run_sync(executor_fds, container)
-        await anyio.sleep(1.0)
+        await anyio.sleep(1.0)  # the window in which an idle executor must use no CPU
         _, later = await anyio.to_thread.run_sync(executor_fds, container)
     assert fds == baseline
     assert later - cpu < 0.1, "the idle executor keeps polling"
@@ -234,10 +264,13 @@ async def test_a_slow_reader_is_not_a_stalled_executor() -> None:
         defaults=SandboxDefaults(tags=(tag,)),
         sweep=False,
     )
+    marker = unique_marker()
     async with s, s.sandbox() as sb:
         await sb.write_file("f", b"content")
-        async with sb.exec_stream(["yes"], timeout=60) as flood:
-            await anyio.sleep(1)  # nobody reads the flood: the executor's frames queue up
+        async with sb.exec_stream(["yes", marker], timeout=60) as flood:
+            # Nobody reads the flood: the executor's frames queue up until it stops reading
+            # the command's output (backpressure), and `yes` blocks on its full pipe.
+            await eventually_async(lambda: blocked_writing(marker), within=30, what="the flood")
             async with anyio.create_task_group() as tg:
                 read: list[bytes] = []
 
@@ -245,7 +278,10 @@ async def test_a_slow_reader_is_not_a_stalled_executor() -> None:
                     read.append(await sb.read_file("f"))
 
                 tg.start_soon(reader)
-                await anyio.sleep(5)  # the read's answer waits behind the flood
+                # The read's answer waits behind the flood, past the call deadline (2 s),
+                # which must not take the executor for stalled: a deadline that must not
+                # fire is shown by waiting past it.
+                await anyio.sleep(5)
                 assert not read
                 async for _ in flood:
                     if read:
@@ -344,7 +380,14 @@ async def test_max_lifetime_is_enforced_inside_the_container() -> None:
     tag = unique()
     async with session(tag) as s:
         sb = await s.sandbox(max_lifetime=2).start()
-        await anyio.sleep(3.5)
+        started = time.monotonic()
+        container = sb.extra(DockerAttributes.container_id)
+        # Ended from inside, by its own deadline, within 3.5 s of being started.
+        await eventually_async(
+            lambda: stopped(container),
+            within=started + 3.5 - time.monotonic(),
+            what="the container ended at its max lifetime",
+        )
         with pytest.raises(SandboxDied, match="max lifetime"):
             await sb.exec(["true"])
         report = await s.gc()
@@ -399,6 +442,7 @@ async def test_image_without_python_is_a_clear_error(
     assert containers(f"asyncsandbox.tag.{tag}") == []
 
 
+@pytest.mark.slow  # 256 rollouts
 async def test_rollouts_at_concurrency_32_leave_nothing() -> None:
     """Done-when: 256 rollouts (create, 5 execs, a file write and read, remove) at
     concurrency 32, zero errors and zero containers left."""
@@ -456,14 +500,7 @@ async def test_sweep_removes_containers_of_a_killed_owner() -> None:
     assert len(left) == 3
     # The owner's connection died with it: each executor saw its stdin close, killed its
     # commands and ended its container (the dead-man's switch of the fast path).
-    with anyio.fail_after(20):
-        while True:
-            states = await anyio.run_process(
-                ["docker", "inspect", "-f", "{{.State.Running}}", *left]
-            )
-            if set(states.stdout.split()) == {b"false"}:
-                break
-            await anyio.sleep(0.2)
+    await eventually_async(lambda: stopped(*left), within=20, what="the containers ended")
     async with Session(backend()):  # sweep=True by default
         pass
     assert containers(f"asyncsandbox.tag.{tag}") == []
@@ -484,6 +521,7 @@ restartable = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow  # and alone: it takes the daemon from every other user of it
 @restartable
 async def test_daemon_restart_mid_run_fails_in_flight_work_with_typed_errors() -> None:
     pid = dockerd_pid()
@@ -493,9 +531,11 @@ async def test_daemon_restart_mid_run_fails_in_flight_work_with_typed_errors() -
     tag = unique()
     errors: list[BaseException] = []
 
+    marker = unique_marker()
+
     async def long_exec(sb: object) -> None:
         try:
-            await sb.exec(["sleep", "60"], timeout=90)  # type: ignore[attr-defined]
+            await sb.exec(["sleep", marker], timeout=90)  # type: ignore[attr-defined]
         except InfrastructureError as exc:
             errors.append(exc)
 
@@ -505,16 +545,18 @@ async def test_daemon_restart_mid_run_fails_in_flight_work_with_typed_errors() -
         async with anyio.create_task_group() as tg:
             for sb in sandboxes:
                 tg.start_soon(long_exec, sb)
-            await anyio.sleep(1)
+            await eventually_async(
+                lambda: running("sleep", marker) == 4, within=60, what="in flight"
+            )
             os.kill(pid, signal.SIGTERM)  # a graceful restart, as `systemctl restart docker`
-            with anyio.fail_after(60):
-                while dockerd_pid() is not None:  # noqa: ASYNC110 - polling another process
-                    await anyio.sleep(0.2)
+            await eventually_async(lambda: dockerd_pid() is None, within=60, what="it stopped")
             # Detached (through sh) so that it outlives this test like the original did.
             await anyio.run_process(["sh", "-c", 'nohup "$@" >/dev/null 2>&1 &', "sh", *command])
-            with anyio.fail_after(60):
-                while await anyio.to_thread.run_sync(docker_problem) is not None:  # noqa: ASYNC110
-                    await anyio.sleep(0.5)
+
+            async def answers() -> bool:
+                return await anyio.to_thread.run_sync(docker_problem) is None
+
+            await eventually_async(answers, within=60, what="the daemon answers again")
         assert len(errors) == 4, errors  # every in-flight exec ended with an infrastructure error
         assert time.monotonic() - started < 90  # within the execs' own timeout: nothing hung
     assert containers(f"asyncsandbox.tag.{tag}") == []
@@ -602,13 +644,6 @@ async def test_recycling_is_refused_on_docker_unless_recyclable() -> None:
 
 @pytest.mark.parametrize("fast_path", [True, False], ids=["executor", "engine-api"])
 async def test_a_recycled_container_is_indistinguishable_from_a_fresh_one(fast_path: bool) -> None:
-    from .test_state import LOOK, PLANT
-
-    async def look(sandbox: Sandbox) -> str:
-        result = await sandbox.exec(["sh", "-c", LOOK])
-        assert result.returncode == 0, result.stderr_text
-        return result.stdout_text
-
     tag = unique()
     s = Session(
         backend(fast_path=fast_path, recyclable=True),
@@ -617,21 +652,7 @@ async def test_a_recycled_container_is_indistinguishable_from_a_fresh_one(fast_p
         sweep=False,
     )
     async with s:
-        async with s.sandbox() as fresh:
-            expected = await look(fresh)
-            first = fresh.id
-            planted = await fresh.exec(["sh", "-c", PLANT])
-            assert planted.stdout_text.strip().endswith("done"), planted.stderr_text
-            assert await look(fresh) != expected
-        with anyio.fail_after(60):
-            while s.statistics().pool_ready < 2:  # noqa: ASYNC110 - polling statistics
-                await anyio.sleep(0.05)
-        async with s.sandbox() as a, s.sandbox() as b:
-            reused = a if a.id == first else b
-            assert reused.id == first, "the released container was not recycled"
-            await anyio.sleep(0.2)  # a surviving loop would write again meanwhile
-            assert await look(reused) == expected
-        assert s.metrics()["asyncsandbox/reset_failures"] == 0
+        await a_recycled_sandbox_is_fresh(s, within=60)
     assert containers(f"asyncsandbox.tag.{tag}") == []
 
 
@@ -640,9 +661,8 @@ def test_recyclable_needs_the_sandbox_user() -> None:
         backend(recyclable=True, user="root")
 
 
+@pytest.mark.slow  # 64 episodes (the process backend's, in test_state, are not slow)
 async def test_recycling_under_load_hands_over_no_state() -> None:
-    from .test_state import episodes_leave_nothing
-
     s = Session(
         backend(recyclable=True),
         defaults=SandboxDefaults(tags=(unique(),)),

@@ -7,8 +7,7 @@ pointed at the server as a user points it: ``E2B_API_URL``, ``E2B_SANDBOX_URL`` 
 from __future__ import annotations
 
 import shutil
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,21 +22,12 @@ from e2b import (
     TimeoutException,
 )
 
-from .test_remote import ALICE, BOB, Server, _new_root
-
-
-def eventually(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Poll ``predicate`` until it holds (an AssertionError past ``timeout`` seconds)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still not true after {timeout} s")
-        time.sleep(0.05)
+from ._support import ALICE, BOB, Server, eventually, new_process_root
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = _new_root()
+    root = new_process_root()
     started = Server(tmp_path_factory.mktemp("e2b") / "main", root=root)
     try:
         yield started
@@ -89,7 +79,7 @@ def test_cwd_envs_and_sandbox_env(e2b_env: str) -> None:
 def test_a_timeout_kills_the_process_tree(sandbox: Sandbox) -> None:
     with pytest.raises(TimeoutException):
         sandbox.commands.run("(sleep 300 &) ; echo started > /tmp/m; sleep 300", timeout=2)
-    eventually(lambda: sandbox.commands.list() == [])
+    eventually(lambda: sandbox.commands.list() == [], within=30)
     survivors = sandbox.commands.run("ps -e -o comm= | grep -c '^sleep$' || true")
     assert survivors.stdout.strip() == "0"
 

@@ -19,7 +19,7 @@ from typing import Any, Self
 
 import pytest
 
-from .conftest import docker_test_image
+from ._support import docker_test_image
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EXAMPLE_SCRIPTS = (
@@ -210,6 +210,7 @@ def test_trl_reward_function_on_docker(docker_engine: None, process_root: Path) 
     check_trl_reward_function(process_root, "docker", docker_test_image())
 
 
+@pytest.mark.slow  # a training run (when the examples-trl group is installed)
 @pytest.mark.timeout(900)
 def test_trl_grpo_training(process_root: Path) -> None:
     """The full training run: needs the examples-trl dependency group."""
@@ -596,8 +597,12 @@ def test_swe_task_env_with_an_openai_endpoint(process_root: Path, tmp_path: Path
 
 
 # -- agent frameworks: one loop each, with a scripted model ----------------------------------
+# Slow: each example imports its framework in a fresh interpreter (17-36 s each here under
+# load); the adapters' own tests (tests/test_mcp.py, test_pydantic_ai.py, test_langchain.py,
+# test_openai_agents.py) stay in the default run.
 
 
+@pytest.mark.slow
 def test_mcp_client(process_root: Path) -> None:
     out, _ = run_example("mcp_client.py", root=process_root)
     assert out.splitlines() == [
@@ -613,6 +618,7 @@ def test_mcp_client(process_root: Path) -> None:
     assert_no_sandboxes(process_root)
 
 
+@pytest.mark.slow
 def test_pydantic_ai_agent(process_root: Path) -> None:
     out, _ = run_example("pydantic_ai_agent.py", root=process_root)
     lines = out.splitlines()
@@ -631,6 +637,7 @@ def test_pydantic_ai_agent(process_root: Path) -> None:
     assert_no_sandboxes(process_root)
 
 
+@pytest.mark.slow
 def test_langchain_deep_agent(process_root: Path) -> None:
     out, _ = run_example("langchain_deep_agent.py", root=process_root)
     assert "< AssertionError: -1 | [Command failed with exit code 1]" in out
@@ -640,6 +647,7 @@ def test_langchain_deep_agent(process_root: Path) -> None:
     assert_no_sandboxes(process_root)
 
 
+@pytest.mark.slow
 def test_openai_agents_shell(process_root: Path) -> None:
     out, _ = run_example("openai_agents_shell.py", root=process_root)
     assert out.splitlines() == [

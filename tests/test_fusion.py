@@ -14,7 +14,6 @@ import re
 import shutil
 import socket
 import threading
-import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
@@ -32,8 +31,7 @@ from sandbox_fusion import CommandRunStatus, RunCodeRequest, RunCodeResponse, Ru
 
 from asyncsandbox import ExecTimeout, Session
 
-from .conftest import kill_process_sandbox_processes
-from .test_remote import ALICE, Server, _new_root
+from ._support import ALICE, Server, eventually, kill_process_sandbox_processes, new_process_root
 
 # -- the programs ---------------------------------------------------------------------------
 
@@ -108,6 +106,13 @@ async def run_directly(language: str, code: str, stdin: str | None) -> tuple[str
 # -- the server ---------------------------------------------------------------------------
 
 
+# A real server, clients on asyncio: the remote client on trio is proven by
+# test_remote.py's conformance run on both loops; the fusion endpoint is the server's.
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
 @pytest.fixture(scope="module")
 def fusion_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fusion")
@@ -115,7 +120,7 @@ def fusion_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(fusion_dir: Path) -> Iterator[Server]:
-    root = _new_root()
+    root = new_process_root()
     started = Server(fusion_dir / "main", root=root)
     try:
         yield started
@@ -145,14 +150,6 @@ def run(request: RunCodeRequest) -> RunCodeResponse:
     """The real client's ``run_code`` (one attempt: a failure shows, not a retry)."""
     response: RunCodeResponse = sf.run_code(request, max_attempts=1, client_timeout=120)
     return response
-
-
-def wait_for(predicate: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still not true after {timeout} s: {predicate}")
-        time.sleep(0.05)
 
 
 # -- languages ----------------------------------------------------------------------------
@@ -428,7 +425,9 @@ def test_verl_concurrent_requests(server: Server) -> None:
     # the old code each reset failed on the server: a sandbox was created per request).
     assert _metric(server, "session_pool_hits_total") >= 64 - 16
     # What is left of the requests' sandboxes is ready for the next ones, and nothing else.
-    wait_for(lambda: len(server.sandbox_dirs()) == _metric(server, "session_pool_ready"))
+    eventually(
+        lambda: len(server.sandbox_dirs()) == _metric(server, "session_pool_ready"), within=30
+    )
 
 
 def _metric(server: Server, name: str) -> float:
@@ -614,14 +613,14 @@ def test_an_infrastructure_failure_is_sandbox_error(server: Server) -> None:
     assert answer["status"] == "SandboxError", answer
     assert answer["message"].startswith("infrastructure error: "), answer
     assert answer["run_result"] is None  # no result of the program: it did not end
-    wait_for(lambda: sandbox_id not in server.sandbox_dirs())  # not recycled: removed
+    eventually(lambda: sandbox_id not in server.sandbox_dirs(), within=30)  # not recycled: removed
 
 
 def _wait_until_started(root: Path | None) -> str:
     """Wait until a program in a sandbox under ``root`` wrote its ``started`` file; the
     sandbox's id. (Other sandboxes may be there: ended requests' ones, reset, ready.)"""
     assert root is not None
-    wait_for(lambda: any(root.glob("*/fs/**/started")))
+    eventually(lambda: any(root.glob("*/fs/**/started")), within=30)
     return next(root.glob("*/fs/**/started")).relative_to(root).parts[0]
 
 
@@ -676,14 +675,14 @@ def test_a_client_that_leaves_gets_its_program_killed(server: Server) -> None:
     assert connection.sock is not None
     connection.sock.shutdown(socket.SHUT_RDWR)
     connection.close()
-    wait_for(lambda: _sleepers() == 0 and not started.exists(), timeout=20)
+    eventually(lambda: _sleepers() == 0 and not started.exists(), within=20)
 
     def counted() -> bool:  # once the sandbox is released, a moment after its program died
         metrics = requests.get(f"{server.url}/metrics", timeout=60).text
         killed = r"^asyncsandbox_remote_disconnect_kills_total [1-9]"
         return re.search(killed, metrics, re.MULTILINE) is not None
 
-    wait_for(counted, timeout=20)
+    eventually(counted, within=20, what="the kill counted")
 
 
 def _sleepers() -> int:
@@ -699,11 +698,13 @@ def _sleepers() -> int:
 
 def test_quotas_apply(fusion_dir: Path) -> None:
     """A /run_code request holds one of the tenant's max_live sandboxes while it runs."""
-    root = _new_root()
+    root = new_process_root()
     server = Server(fusion_dir / "quota", "--max-live-per-tenant", "1", root=root)
     try:
         url = f"{keyed(server)}/run_code"
-        slow = {"code": "touch started; sleep 3; echo done", "language": "bash"}
+        # Runs until the test lets it end (it creates ``release`` beside ``started``).
+        held = "touch started; while [ ! -e release ]; do sleep 0.05; done; echo done"
+        slow = {"code": held, "language": "bash"}
         answers: list[requests.Response] = []
         thread = threading.Thread(
             target=lambda: answers.append(requests.post(url, json=slow, timeout=60))
@@ -715,6 +716,8 @@ def test_quotas_apply(fusion_dir: Path) -> None:
             assert refused.status_code == 429, refused.text
             assert refused.json()["error"]["code"] == "quota_exceeded"
         finally:
+            for started in root.glob("*/fs/**/started"):
+                (started.parent / "release").touch()
             thread.join(60)
         assert answers[0].json()["run_result"]["stdout"] == "done\n"
         again = requests.post(url, json={"code": "echo again", "language": "bash"}, timeout=60)

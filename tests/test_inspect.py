@@ -28,8 +28,7 @@ from inspect_ai.util import (
 from inspect_ai.util._sandbox.limits import override_max_exec_output_size
 from inspect_ai.util._sandbox.self_check import *
 
-from .conftest import docker_test_image, require_docker
-from .test_remote import ALICE, Server, _new_root
+from ._support import ALICE, Server, docker_test_image, new_process_root, require_docker
 
 # Checks that cannot pass, with the reason: the provider's design, not an accident.
 CANNOT_PASS: dict[str, str] = {
@@ -186,7 +185,7 @@ def test_inspect_eval_of_a_tool_using_task(tmp_path: Path, eval_backend: str) ->
             require_docker()
             args += ["-T", "backend=docker", "-T", f"image={docker_test_image()}"]
         elif eval_backend == "remote":
-            root = _new_root()
+            root = new_process_root()
             server = Server(tmp_path / "server", root=root)
             stack.callback(shutil.rmtree, root, ignore_errors=True)
             stack.callback(server.stop)

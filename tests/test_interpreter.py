@@ -40,8 +40,16 @@ from asyncsandbox import (
 from asyncsandbox.abc import Backend
 from asyncsandbox.testing import FakeBackend
 
-from .conftest import docker_test_image, require_docker
-from .test_remote import ALICE, Server, _new_root
+from ._support import (
+    ALICE,
+    Server,
+    docker_test_image,
+    eventually_async,
+    new_process_root,
+    pool_ready,
+    processes_with,
+    require_docker,
+)
 
 IS_ROOT = os.geteuid() == 0
 ROOTFS = os.environ.get("ASYNCSANDBOX_TEST_ROOTFS")
@@ -58,7 +66,7 @@ class Target:
 @pytest.fixture(scope="module")
 def remote_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A real server (``asyncsandbox serve``, the process backend) on loopback."""
-    root = _new_root()
+    root = new_process_root()
     server = Server(tmp_path_factory.mktemp("interpreter-remote"), root=root)
     try:
         yield server
@@ -79,6 +87,11 @@ def target(request: pytest.FixtureRequest, anyio_backend: str, process_root: Pat
 
         return Target(kind, functools.partial(DockerBackend, default_image=docker_test_image()))
     if kind == "remote":
+        if anyio_backend != "asyncio":
+            # The interpreter's logic runs on both loops on the process backend, and the
+            # remote client on both loops in tests/test_remote.py's conformance: its trio
+            # run here would repeat both.
+            pytest.skip("the remote backend's interpreter: asyncio (see the comment)")
         server: Server = request.getfixturevalue("remote_server")
         return Target(kind, lambda **options: RemoteBackend(server.url, ALICE, **options))
     from asyncsandbox._process import ProcessBackend
@@ -102,28 +115,6 @@ async def sandbox(target: Target, **overrides: Any) -> AsyncIterator[Sandbox]:
 def marker() -> str:
     """A unique number to mark the processes of one test (``sleep MARKER``)."""
     return f"{int(uuid.uuid4().int % 10**8) + 10**8}.5"
-
-
-def processes_with(text: str) -> list[str]:
-    """Host processes whose command line contains ``text`` (sandboxes' included: every
-    backend here runs them on this machine)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if text.encode() in cmdline:
-            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
-    return found
-
-
-async def eventually(predicate: Callable[[], bool], what: str, within: float = 30.0) -> None:
-    with anyio.fail_after(within):
-        while not predicate():  # noqa: ASYNC110 - polling the host's processes
-            await anyio.sleep(0.05)
 
 
 def stdout(execution: Execution) -> str:
@@ -381,7 +372,9 @@ async def test_code_that_ignores_the_interrupt_is_killed_with_all_it_started(
         assert raised.value.result.returncode == 137
         assert stdout(execution) == "ignoring\n"
         assert anyio.current_time() - started < 60  # the grace, not forever
-        await eventually(lambda: not processes_with(mark), "the leftovers are killed")
+        await eventually_async(
+            lambda: not processes_with(mark), within=30, what="the leftovers are killed"
+        )
         fresh = await sb.run_code("'lost' in globals()")
         assert fresh.text == "False"
         assert fresh.execution_count == 1
@@ -581,6 +574,7 @@ async def test_late_background_output_never_lands_in_the_next_call(target: Targe
 # -- many at once -------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # load: 8 sandboxes at once per backend
 async def test_32_contexts_over_8_sandboxes_at_once(target: Target) -> None:
     async with session(target) as s:
         sandboxes = [s.sandbox() for _ in range(8)]
@@ -626,13 +620,7 @@ async def test_recycling_resets_contexts(target: Target) -> None:
         warm_pool=WarmPool(size=1, recycle=True),
         defaults=SandboxDefaults(tags=("test-interpreter",)),
     ) as s:
-
-        async def pool_ready(count: int) -> None:
-            with anyio.fail_after(120):
-                while s.statistics().pool_ready < count:  # noqa: ASYNC110 - polling statistics
-                    await anyio.sleep(0.05)
-
-        await pool_ready(1)
+        await pool_ready(s, 1, within=120)
         async with s.sandbox() as first:  # from the pool, and back to it once reset
             await first.run_code(
                 f"import subprocess\nsecret = 1\np = subprocess.Popen(['sleep', '{mark}'])"
@@ -640,7 +628,9 @@ async def test_recycling_resets_contexts(target: Target) -> None:
             await first.create_code_context()
             used = first.id
         assert not processes_with(mark)  # the episode's processes went with it
-        await pool_ready(2)  # the reset one, and the one that refilled the pool meanwhile
+        await pool_ready(
+            s, 2, within=120
+        )  # the reset one, and the one that refilled the pool meanwhile
         async with s.sandbox() as one, s.sandbox() as other:
             (second,) = [sb for sb in (one, other) if sb.id == used]  # the same sandbox, reset
             assert await second.list_code_contexts() == []

@@ -23,7 +23,7 @@ from asyncsandbox.judge import (
     judge,
 )
 
-from .conftest import docker_test_image
+from ._support import docker_test_image
 
 ADD = TestCase(stdin="1 2\n", expected="3\n")
 ADD_CASES = [
@@ -60,6 +60,13 @@ FORGER = textwrap.dedent("""\
 """)
 
 
+# Real sandboxes, on asyncio: the judge's verdicts do not depend on the loop; its
+# concurrency on trio is proven by the tests below that run on both loops (they say so).
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
 @pytest.fixture
 async def session(process_root: Path) -> AsyncIterator[Session]:
     async with Session(
@@ -76,6 +83,7 @@ def verdicts(result: JudgeResult) -> list[Verdict]:
     ("language", "source"),
     [("python", PY_ADD), ("cpp", CPP_ADD), ("c", C_ADD)],
 )
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # the judge on both loops
 async def test_a_correct_program_is_accepted(session: Session, language: str, source: str) -> None:
     if language != "python" and shutil.which("g++") is None:
         pytest.skip("no C/C++ compiler on this machine")
@@ -187,6 +195,7 @@ async def test_stop_on_failure_skips_the_rest(session: Session) -> None:
     assert result.score == 0.25
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # its concurrency, on both
 async def test_cases_run_in_parallel_in_one_sandbox(session: Session) -> None:
     """Each case waits until three cases are in the sandbox at once: with parallel=3 all
     pass (and they shared one sandbox: they see each other's files)."""

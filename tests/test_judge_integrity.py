@@ -23,7 +23,7 @@ import pytest
 from asyncsandbox import Session
 from asyncsandbox.judge import JudgeResult, Language, Program, TestCase, Verdict
 
-from .conftest import docker_test_image
+from ._support import docker_test_image
 
 CASES = [TestCase(stdin=f"{n} {n + 1}\n", expected=f"{2 * n + 1}\n") for n in range(16)]
 # The same programs, one command per case (the path of languages without a fork runner).

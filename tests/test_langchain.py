@@ -43,6 +43,7 @@ async def _started(session: Session) -> SandboxBackend:
     return SandboxBackend(sandbox)
 
 
+@pytest.mark.slow  # the full standard suite; the tests below stay in the default run
 class TestProcessBackend(SandboxIntegrationTests):
     @pytest.fixture(scope="class")
     @classmethod

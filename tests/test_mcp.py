@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from asyncsandbox import SandboxInfo, Session
 from asyncsandbox.tools import Toolbox
+
+from ._support import eventually_async
 
 KEY = "mcp-test-key-0123456789abcdef"
 
@@ -116,13 +118,6 @@ async def sandboxes(root: Path) -> list[SandboxInfo]:
     """The sandboxes under ``root``, whoever made them."""
     async with Session("process", backend_options={"root": str(root)}, sweep=False) as session:
         return await session.list()
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
-    """Wait until ``check()`` is true (polled), failing after ``within`` seconds."""
-    with anyio.fail_after(within):
-        while not await check():  # noqa: ASYNC110 - a condition outside our process
-            await anyio.sleep(0.05)
 
 
 def mcp_error(error: BaseException) -> MCPError:
@@ -272,7 +267,7 @@ async def test_a_client_that_gives_up_on_a_call_keeps_its_session(
             )
             return text(probe).startswith("exit=0")
 
-        await eventually(killed)
+        await eventually_async(killed, within=30)
         assert text(await client.call_tool("read_file", {"path": "state"})) == "kept\n"
 
 
@@ -412,7 +407,7 @@ async def test_http_bounds_sessions(process_root: Path) -> None:
                     await second.list_tools()
             assert "503" in repr(refused.value) or "Too many" in repr(refused.value)
         # The first session ended (DELETE): its place and its sandbox are free.
-        await eventually(lambda: _none_left(process_root))
+        await eventually_async(lambda: _none_left(process_root), within=30)
         async with http(server.url) as third:
             assert text(await third.call_tool("bash", {"command": "echo in"})) == "exit=0\nin\n"
     finally:
@@ -429,7 +424,7 @@ async def test_http_an_idle_session_ends_with_its_sandbox(process_root: Path) ->
         async with http(server.url) as client:
             wrote = await client.call_tool("bash", {"command": "echo x > f"})
             assert not wrote.is_error  # so the session had a sandbox
-            await eventually(lambda: _none_left(process_root))
+            await eventually_async(lambda: _none_left(process_root), within=30)
             with pytest.raises(MCPError):
                 await client.call_tool("read_file", {"path": "f"})
     finally:
@@ -444,7 +439,7 @@ async def test_http_a_session_ended_by_its_client_loses_its_sandbox(
         await client.call_tool("bash", {"command": "true"})
         mine = {i.id for i in await sandboxes(module_root)} - before
         assert len(mine) == 1
-    await eventually(lambda: _gone(module_root, mine))
+    await eventually_async(lambda: _gone(module_root, mine), within=30)
 
 
 async def _gone(root: Path, ids: set[str]) -> bool:
@@ -468,7 +463,7 @@ async def test_stdio_sigterm_leaves_nothing(process_root: Path) -> None:
         (info,) = await sandboxes(process_root)
         pid = int(info.labels["asyncsandbox.owner"].split("/")[2])  # host/boot/pid/start
         os.kill(pid, signal.SIGTERM)  # while the client still holds our stdin open
-        await eventually(lambda: _none_left(process_root))
+        await eventually_async(lambda: _none_left(process_root), within=30)
         with pytest.raises(Exception):  # noqa: PT011, B017 - the server is gone
             await client.call_tool("bash", {"command": "true"})
 
@@ -491,7 +486,7 @@ async def test_http_sigterm_leaves_nothing(process_root: Path) -> None:
                 probe = await second.call_tool("bash", {"command": "test -s pid"})
                 return not probe.is_error
 
-            await eventually(running)
+            await eventually_async(running, within=30)
             assert len(await sandboxes(process_root)) == 2
             assert await anyio.to_thread.run_sync(server.stop) == 0
     assert await sandboxes(process_root) == []

@@ -21,7 +21,7 @@ class Recorder:
 
 
 async def _slow(p: FakeProcess) -> int:
-    await anyio.sleep(10)
+    await anyio.sleep_forever()  # until its timeout kills it
     return 0
 
 

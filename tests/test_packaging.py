@@ -28,7 +28,7 @@ import pytest
 
 import asyncsandbox
 
-from .conftest import docker_test_image
+from ._support import docker_test_image
 
 ROOT = Path(__file__).resolve().parent.parent
 # The workspace's members (pyproject.toml's [tool.uv.workspace]) and the root.

@@ -23,7 +23,7 @@ from pydantic_ai.workspaces.conformance import WorkspaceBackendSuite
 from asyncsandbox import InfrastructureError, LaunchError, SandboxDefaults, Session
 from asyncsandbox.testing import FakeBackend
 
-from .conftest import docker_test_image
+from ._support import docker_test_image
 
 
 async def destroy(backend: WorkspaceBackend) -> None:
@@ -57,17 +57,27 @@ class _Suite(WorkspaceBackendSuite):
             "rule); pydantic-ai's contract keeps a detached process alive for a later run"
         ),
     )
-    async def test_a_backend_attached_by_ref_reaches_a_detached_process(
+    # One fixture more than the suite's (pytest passes fixtures by name): the loop.
+    async def test_a_backend_attached_by_ref_reaches_a_detached_process(  # type: ignore[override]
         self,
         backend: WorkspaceBackend,
         attach_backend: Callable[[WorkspaceRef], WorkspaceBackend] | None,
         has_real_posix_shell: bool,
+        anyio_backend: str,
     ) -> None:
+        # It fails by waiting out the suite's 60 s hang guard: shown once, on the process
+        # backend on asyncio (the kill itself is the conformance check exit_kills_background,
+        # run on every backend and loop).
+        if anyio_backend != "asyncio" or not isinstance(self, TestProcessBackend):
+            pytest.xfail("shown on the process backend on asyncio (it waits 60 s)")
         await super().test_a_backend_attached_by_ref_reaches_a_detached_process(
             backend, attach_backend, has_real_posix_shell
         )
 
 
+# The conformance suite is full-size (and its strict xfail waits out the suite's 60 s for a
+# detached process, per backend and loop): slow. The error tests below stay in the default run.
+@pytest.mark.slow
 class TestProcessBackend(_Suite):
     @pytest.fixture
     async def session(self, process_root: Path) -> AsyncIterator[Session]:
@@ -75,6 +85,7 @@ class TestProcessBackend(_Suite):
             yield session
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 class TestDockerBackend(_Suite):
     @pytest.fixture

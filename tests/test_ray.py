@@ -20,7 +20,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,12 @@ from asyncsandbox.testing import CHECKS, Check
 
 if TYPE_CHECKING:
     from asyncsandbox_ray.testing import LocalCluster
+
+from ._support import eventually, eventually_async, processes_with, unique_marker
+
+# A cluster of three nodes started for the module, nodes started and killed, 1,000
+# rollouts: slow (`uv run pytest -m slow`; CI runs them once).
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
@@ -255,22 +261,23 @@ async def test_node_killed_mid_exec(ray_cluster: LocalCluster) -> None:
         doomed = await victim.sandbox().start()
         survivor = await other.sandbox().start()
         outcome: list[BaseException] = []
+        marker = unique_marker()
 
         async def run() -> None:
             try:
-                await doomed.exec(["sleep", "120"])
+                await doomed.exec(["sleep", marker])
             except SandboxDied as exc:
                 outcome.append(exc)
 
-        started = time.monotonic()
         async with anyio.create_task_group() as tg:
             tg.start_soon(run)
-            await anyio.sleep(1.0)
+            await eventually_async(lambda: processes_with(marker), within=60, what="it runs")
+            killed = time.monotonic()
             await anyio.to_thread.run_sync(ray_cluster.kill_node, "victim")
-        elapsed = time.monotonic() - started
+        elapsed = time.monotonic() - killed
         assert outcome
         assert isinstance(outcome[0], SandboxDied)
-        assert elapsed < 45, elapsed
+        assert elapsed < 44, elapsed  # 45 s from the start, which was 1 s before the kill
         assert (await survivor.exec(["echo", "alive"])).stdout == b"alive\n"
         # The node's machine is still here (it is this one; the test killed every process
         # of the node): the sandbox's directory goes, as it would with the machine.
@@ -294,15 +301,6 @@ def _left(processes: dict[int, bytes | None]) -> list[int]:
     return [pid for pid, start in processes.items() if _identity(pid) == start]
 
 
-async def _eventually(predicate: Callable[[], bool], within: float, what: str) -> None:
-    """Poll ``predicate`` until it holds; fail after ``within`` seconds."""
-    with anyio.move_on_after(within):
-        while not predicate():  # noqa: ASYNC110 - polling processes of the host
-            await anyio.sleep(0.1)
-        return
-    pytest.fail(f"{what}: not within {within:g}s")
-
-
 @contextlib.contextmanager
 def _raylet_killed(cluster: LocalCluster, name: str, *, reaped: bool) -> Iterator[None]:
     """SIGKILL node ``name``'s raylet, and nothing else of the node. ``reaped``: its
@@ -317,10 +315,8 @@ def _raylet_killed(cluster: LocalCluster, name: str, *, reaped: bool) -> Iterato
         os.kill(parent, signal.SIGSTOP)
     try:
         os.kill(raylet, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while _identity(raylet) == started:  # exited: a zombie, or reaped
-            assert time.monotonic() < deadline, "the raylet outlived SIGKILL"
-            time.sleep(0.05)
+        # Exited: a zombie, or reaped.
+        eventually(lambda: _identity(raylet) != started, within=30, what="the raylet's end")
         yield
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -342,7 +338,7 @@ async def test_a_raylet_killed_is_sandbox_died(ray_cluster: LocalCluster, reaped
     ray_cluster.start_node(name, {resource: 1})
     victim = Session("ray", backend_options=ray_cluster.backend_options(resources={resource: 1}))
     other = Session("ray", backend_options=ray_cluster.backend_options(resources={"asb_w1": 1}))
-    marker = f"1000.{uuid.uuid4().int % 10**8}"
+    marker = unique_marker()
     async with victim, other:
         running, *idle = [await victim.sandbox().start() for _ in range(4)]
         node_id = running.extra(RayAttributes.node_id)
@@ -359,7 +355,7 @@ async def test_a_raylet_killed_is_sandbox_died(ray_cluster: LocalCluster, reaped
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(run)
-            await _eventually(lambda: bool(_processes_with(marker)), 30, "the command")
+            await eventually_async(lambda: processes_with(marker), within=30, what="it runs")
             with _raylet_killed(ray_cluster, name, reaped=reaped):
                 calls = (
                     lambda: idle[0].exec(["echo", "hello"]),
@@ -369,9 +365,7 @@ async def test_a_raylet_killed_is_sandbox_died(ray_cluster: LocalCluster, reaped
                 for call in calls:
                     with anyio.fail_after(60), pytest.raises(SandboxDied):
                         await call()
-                with anyio.fail_after(60):
-                    while not outcome:  # noqa: ASYNC110 - the exec's own task ends it
-                        await anyio.sleep(0.1)
+                await eventually_async(lambda: outcome, within=60, what="the exec's end")
         assert isinstance(outcome[0], SandboxDied), repr(outcome[0])
         assert (await survivor.exec(["echo", "alive"])).stdout == b"alive\n"
     await _wipe_node(node_id)  # what the agent had no time to remove (Ray's exit came first)
@@ -394,7 +388,7 @@ async def test_an_agent_does_not_outlive_its_raylet(ray_cluster: LocalCluster) -
 
     ray_cluster.start_node("orphan", {"asb_orphan": 1})
     options = ray_cluster.backend_options(resources={"asb_orphan": 1})
-    marker = f"1000.{uuid.uuid4().int % 10**8}"
+    marker = unique_marker()
     async with Session("ray", backend_options=options) as session:
         sandboxes = [await session.sandbox().start() for _ in range(2)]
         node_id = sandboxes[0].extra(RayAttributes.node_id)
@@ -407,23 +401,15 @@ async def test_an_agent_does_not_outlive_its_raylet(ray_cluster: LocalCluster) -
         async with anyio.create_task_group() as tg:
             tg.start_soon(run)
             await sandboxes[1].exec(["true"])  # its executor started too
-            await _eventually(lambda: bool(_processes_with(marker)), 30, "the command")
+            await eventually_async(lambda: processes_with(marker), within=30, what="it runs")
             processes = {pid: _identity(pid) for pid in [agent, *descendants(agent)]}
             assert len(processes) >= 4, processes  # agent, executors, the command's init
             with _raylet_killed(ray_cluster, "orphan", reaped=False):
-                await _eventually(lambda: not _left(processes), AGENT_EXIT_BOUND, "the agent")
+                await eventually_async(
+                    lambda: not _left(processes), within=AGENT_EXIT_BOUND, what="the agent's end"
+                )
                 assert await _wipe_node(node_id) == 0  # the agent removed its sandboxes
             tg.cancel_scope.cancel()
-
-
-def _processes_with(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-    return found
 
 
 # -- load ---------------------------------------------------------------------------------
@@ -467,7 +453,7 @@ async def main() -> None:
     async with Session("ray", backend_options=options) as session:
         sandbox = await session.sandbox(tags=[sys.argv[2]]).start()
         print("sandbox", sandbox.id, flush=True)
-        await anyio.sleep(600)
+        await anyio.sleep_forever()  # until it is killed
 
 anyio.run(main)
 """
@@ -491,6 +477,8 @@ async def test_crashed_owner_is_swept(ray_cluster: LocalCluster) -> None:
     options = ray_cluster.backend_options()
     async with Session("ray", backend_options=options, sweep=False) as session:
         assert len(await session.list(tags=[tag])) == 1
-        with anyio.fail_after(30):
-            while await session.list(tags=[tag]):  # noqa: ASYNC110 - polling the cluster
-                await anyio.sleep(0.5)
+
+        async def swept() -> bool:
+            return not await session.list(tags=[tag])
+
+        await eventually_async(swept, within=30, what="the orphan swept")

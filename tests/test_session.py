@@ -4,6 +4,8 @@ cancellation, background operations. Every test runs on asyncio and trio."""
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -34,10 +36,25 @@ from asyncsandbox import (
 )
 from asyncsandbox.testing import FakeBackend, FakeProcess, FakeWorld
 
+from ._support import eventually_async
+
 
 def session(backend: FakeBackend | None = None, **kwargs: Any) -> Session:
     kwargs.setdefault("sweep", False)
     return Session(backend or FakeBackend(), **kwargs)
+
+
+def warning_timers() -> list[str]:
+    """The capacity limiters' warning timers running now (one beside each wait for a slot
+    while ``capacity_warning`` is set; each fires once, after the delay, and ends)."""
+    names = (task.name or "" for task in anyio.get_running_tasks())
+    return [name for name in names if name.endswith("._warn_later")]
+
+
+async def lifetime_over(world: FakeWorld, sandbox_id: str) -> None:
+    """Wait until the clock passes the expiry that ``max_lifetime`` wrote on the sandbox."""
+    expires = float(world.sandboxes[sandbox_id].spec.labels[_owner.EXPIRES])
+    await eventually_async(lambda: time.time() > expires, what="the lifetime is over")
 
 
 # -- lifecycle ----------------------------------------------------------------------------
@@ -132,7 +149,7 @@ async def test_stop_while_exec_runs_raises_sandbox_closed_in_the_exec() -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(run)
-            await anyio.sleep(0.05)
+            await anyio.wait_all_tasks_blocked()  # the command runs
             await sb.stop()
         assert len(errors) == 1
 
@@ -151,7 +168,7 @@ async def test_stop_while_waiting_for_capacity_gives_up_at_once() -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(start)
-            await anyio.sleep(0.05)
+            await anyio.wait_all_tasks_blocked()
             assert s.statistics().live.waiting == 1
             await waiting.stop()
         assert len(outcome) == 1
@@ -177,17 +194,20 @@ async def test_max_live_is_never_exceeded() -> None:
 
 async def test_waiting_is_first_come_first_served() -> None:
     order: list[int] = []
+    release = anyio.Event()
     async with session(limits=Limits(max_live=1)) as s:
 
         async def run(i: int) -> None:
             async with s.sandbox():
                 order.append(i)
-                await anyio.sleep(0.01)
+                await release.wait()
 
         async with anyio.create_task_group() as tg:
             for i in range(10):
                 tg.start_soon(run, i)
-                await anyio.sleep(0.001)  # arrive in order
+                await anyio.wait_all_tasks_blocked()  # arrive in order: queued before the next
+            assert order == [0]
+            release.set()
     assert order == list(range(10))
 
 
@@ -226,7 +246,9 @@ async def test_a_long_wait_for_capacity_is_logged_with_its_likely_cause() -> Non
             async with anyio.create_task_group() as tg:
                 for _ in range(3):
                     tg.start_soon(s.run, ["true"])
-                await anyio.sleep(0.6)  # three times the warning delay: still one warning
+                await eventually_async(lambda: s.statistics().live.waiting == 3)
+                # Each waiter's timer has fired: still one warning.
+                await eventually_async(lambda: not warning_timers(), what="the timers fired")
                 assert s.statistics().live.waiting == 3
                 tg.cancel_scope.cancel()
             assert s.statistics().live.active == 2  # the cancelled waits took no slot
@@ -251,17 +273,22 @@ async def test_capacity_warning_off_and_fifo_kept_with_it() -> None:
                 await s.sandbox().start()
     assert not [e for e in logs if e["event"] == "session.capacity.waiting"]
     order: list[int] = []
+    release = anyio.Event()
     async with session(limits=Limits(max_live=1, capacity_warning=0.01)) as s:
 
         async def run(i: int) -> None:
             async with s.sandbox():
                 order.append(i)
-                await anyio.sleep(0.03)  # longer than the warning delay
+                await release.wait()
 
         async with anyio.create_task_group() as tg:
             for i in range(6):
                 tg.start_soon(run, i)
-                await anyio.sleep(0.001)  # arrive in order
+                await anyio.wait_all_tasks_blocked()  # arrive in order: queued before the next
+            # Held past the warning delay: every waiter's timer fires while it waits.
+            await eventually_async(lambda: not warning_timers(), what="the timers fired")
+            assert order == [0]
+            release.set()
     assert order == list(range(6))
     with pytest.raises(InvalidArgument):
         Limits(capacity_warning=-1)
@@ -370,7 +397,7 @@ async def test_nonzero_exit_is_data_and_check_raises() -> None:
 async def test_timeout_raises_with_partial_output_and_counts() -> None:
     async def slow(p: FakeProcess) -> int:
         await p.write("stdout", b"partial")
-        await anyio.sleep(30)
+        await anyio.sleep_forever()  # until its timeout kills it
         return 0
 
     async with session(FakeBackend(commands={"slow": slow})) as s, s.sandbox() as sb:
@@ -501,7 +528,7 @@ async def test_cleanup_runs_even_when_the_session_is_cancelled() -> None:
         async with session(fake) as s:
             for _ in range(5):
                 await s.sandbox().start()
-            await anyio.sleep(10)
+            await anyio.sleep_forever()  # until the deadline cancels the session's body
     assert fake.world.live == 0  # removal was shielded
 
 
@@ -512,7 +539,7 @@ async def test_exec_stream_leaving_early_kills_the_command() -> None:
         try:
             while True:
                 await p.write("stdout", b"line\n")
-                await anyio.sleep(0.001)
+                await anyio.lowlevel.checkpoint()
         finally:
             killed.set()
 
@@ -571,7 +598,7 @@ async def test_cancelled_operation_kills_its_command() -> None:
     fake = FakeBackend()
     async with session(fake) as s:
         op = s.submit(s.run(["sleep", "30"]))
-        await anyio.sleep(0.05)
+        await anyio.wait_all_tasks_blocked()  # the command runs
         assert fake.world.live == 1
         op.cancel()
         with pytest.raises(OperationCancelled):
@@ -584,7 +611,7 @@ async def test_session_close_cancels_operations() -> None:
     fake = FakeBackend()
     async with session(fake) as s:
         op = s.submit(s.run(["sleep", "30"]))
-        await anyio.sleep(0.02)
+        await anyio.wait_all_tasks_blocked()  # the command runs
     assert op.cancelled()
     assert fake.world.live == 0
     with pytest.raises(SandboxClosed):
@@ -593,7 +620,7 @@ async def test_session_close_cancels_operations() -> None:
 
 async def test_wait_timeout_and_validation() -> None:
     async with session() as s:
-        op = s.submit(anyio.sleep(1))
+        op = s.submit(anyio.sleep_forever())
         done, pending = await asyncsandbox.wait([op], timeout=0.01)
         assert done == []
         assert pending == [op]
@@ -642,7 +669,8 @@ async def test_gc_removes_sandboxes_of_dead_owners_and_expired_ones() -> None:
         assert dead.id is not None
         host, boot = _owner._this_host()
         world.sandboxes[dead.id].spec.labels[_owner.OWNER] = f"{host}/{boot}/999999999/1"
-        await anyio.sleep(0.05)
+        assert expired.id is not None
+        await lifetime_over(world, expired.id)
         report = await s.gc(dry_run=True)
         assert {i.id: r for i, r in report} == {
             dead.id: "owner process is gone",
@@ -661,7 +689,7 @@ async def test_session_start_sweeps_by_default() -> None:
         world.sandboxes[sb.id].spec.labels[_owner.OWNER] = "elsewhere/boot/1/1"
         s._sandboxes.clear()  # forget it, as a crashed owner would
         s._runtime.live.release()
-    await anyio.sleep(0.05)
+        await lifetime_over(world, sb.id)
     async with Session(FakeBackend(world=world)):
         pass
     assert world.live == 0
@@ -694,7 +722,8 @@ async def test_a_start_waiting_for_capacity_does_not_outlive_the_session() -> No
                 outcome.append(exc)
 
         tg.start_soon(start)
-        await anyio.sleep(0.05)
+        await anyio.wait_all_tasks_blocked()  # queued for the slot
+        assert s.statistics().live.waiting == 1
     assert len(outcome) == 1
     assert fake.world.live == 0
 
@@ -702,10 +731,8 @@ async def test_a_start_waiting_for_capacity_does_not_outlive_the_session() -> No
 # -- warm pool ------------------------------------------------------------------------------
 
 
-async def wait_for(predicate: object, timeout: float = 5) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():  # type: ignore[operator]  # noqa: ASYNC110 - polling state
-            await anyio.sleep(0.005)
+async def wait_for(predicate: Callable[[], bool]) -> None:
+    await eventually_async(predicate, within=5)
 
 
 async def test_warm_pool_hands_over_and_refills() -> None:

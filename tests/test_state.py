@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,67 +26,26 @@ from asyncsandbox import (
 )
 from asyncsandbox._process import ProcessAttributes, _state
 
+from ._support import (
+    a_recycled_sandbox_is_fresh,
+    episodes_leave_nothing,
+    eventually_async,
+    pool_ready,
+)
+
 pytestmark = pytest.mark.anyio
 
-# Every writable place an episode reaches, and what it leaves there: files (workdir,
-# /tmp, /dev/shm, the home's dotfiles and what `pip install --user` writes), processes
-# (a daemon in its own session, a cron-like loop appending to a file, one ignoring
-# SIGTERM), IPC objects (a System V message queue and semaphore, POSIX shared memory),
-# and the environment later commands start with (a login shell's profile).
-PLANT = textwrap.dedent(
-    r"""
-    set -e
-    echo planted > /workspace/planted
-    mkdir -p /workspace/deep/er && echo x > /workspace/deep/er/file
-    echo planted > /tmp/planted
-    echo planted > /dev/shm/planted 2>/dev/null || true
-    echo 'export PLANTED=1' >> ~/.profile
-    echo 'export PLANTED=1' >> ~/.bashrc
-    mkdir -p ~/.local/lib/python3/site-packages && echo 'x = 1' > ~/.local/lib/python3/site-packages/planted.py
-    setsid sh -c 'while :; do date +%s%N >> /tmp/loop; sleep 0.05; done' </dev/null >/dev/null 2>&1 &
-    (trap '' TERM HUP; exec sleep 1001) </dev/null >/dev/null 2>&1 &
-    nohup sleep 1002 </dev/null >/dev/null 2>&1 &
-    python3 - <<'PY'
-import os, sys
-try:
-    from multiprocessing import shared_memory
-    shared_memory.SharedMemory(name="planted", create=True, size=4096).close()
-except Exception as exc:
-    print("no posix shm:", exc, file=sys.stderr)
-PY
-    if command -v ipcmk >/dev/null; then ipcmk -Q >/dev/null; ipcmk -S 1 >/dev/null; fi
-    echo done
-    """
-)
 
-# What a fresh sandbox shows of those places (same script on a fresh one and a reused one).
-LOOK = textwrap.dedent(
-    r"""
-    echo "files: $(find /workspace /tmp ~ -mindepth 1 2>/dev/null | sort | tr '\n' ' ')"
-    echo "shm: $(ls -A /dev/shm 2>/dev/null | tr '\n' ' ')"
-    echo "processes: $(ps -eo args= 2>/dev/null | grep -c -E 'sleep 100[12]|while [:]' || true)"
-    echo "procs-any: $(for p in /proc/[0-9]*; do cat $p/cmdline 2>/dev/null | tr '\0' ' '; echo; done | grep -c -E 'sleep 100[12]|while [:]' || true)"
-    if command -v ipcs >/dev/null; then echo "ipc: $(ipcs -q -s | grep -c '^0x' || true)"; fi
-    echo "env: PLANTED=${PLANTED:-unset}"
-    echo "login env: $(sh -lc 'echo ${PLANTED:-unset}')"
-    """
-)
+# Real sandboxes, on asyncio: the runtime's policy is proven on both loops on the fake
+# backend (test_session.py), and the process backend on trio by the conformance suite
+# (test_conformance.py). A test about one loop says which (its parametrization wins).
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
 
 
 def session(root: Path, **kwargs: Any) -> Session:
     return Session(backend_options={"root": str(root)}, **kwargs)
-
-
-async def pool_ready(s: Session, n: int) -> None:
-    with anyio.fail_after(30):
-        while s.statistics().pool_ready < n:  # noqa: ASYNC110 - polling statistics
-            await anyio.sleep(0.01)
-
-
-async def look(sandbox: Sandbox) -> str:
-    result = await sandbox.exec(["sh", "-c", LOOK])
-    assert result.returncode == 0, result.stderr_text
-    return result.stdout_text
 
 
 @pytest.mark.parametrize("origin", ["empty", "snapshot"])
@@ -99,26 +59,8 @@ async def test_a_recycled_sandbox_is_indistinguishable_from_a_fresh_one(
             defaults = SandboxDefaults(from_snapshot=(await prepared.snapshot(keep=True)).id)
     pool = WarmPool(size=1, recycle=True)
     async with session(process_root, defaults=defaults, warm_pool=pool) as s:
-        async with s.sandbox() as fresh:
-            expected = await look(fresh)
-            first_id = fresh.id
-            planted = await fresh.exec(["sh", "-c", PLANT])
-            assert planted.stdout_text.strip().endswith("done"), planted.stderr_text
-            # The planted state is there, and the background processes run, while the
-            # episode lasts (so the check below can fail).
-            dirty = await look(fresh)
-            assert dirty != expected
-        # The next episodes get the same sandbox back (reset, in the background), not a
-        # new one: the pool holds it and a fresh spare, so take both and find ours.
-        await pool_ready(s, 2)
-        async with s.sandbox() as a, s.sandbox() as b:
-            reused = a if a.id == first_id else b
-            assert reused.id == first_id, "the released sandbox was not recycled"
-            await anyio.sleep(0.2)  # a surviving loop would write again meanwhile
-            assert await look(reused) == expected
-        metrics = s.metrics()
-        assert metrics["asyncsandbox/reset_count"] >= 1
-        assert metrics["asyncsandbox/reset_failures"] == 0
+        await a_recycled_sandbox_is_fresh(s)
+        assert s.metrics()["asyncsandbox/reset_count"] >= 1
 
 
 async def test_recycling_serves_many_episodes_each_clean(process_root: Path) -> None:
@@ -138,7 +80,7 @@ async def test_recycling_serves_many_episodes_each_clean(process_root: Path) -> 
             async with anyio.create_task_group() as tg:
                 for i in range(4):
                     tg.start_soon(episode, i)
-            await anyio.sleep(0.3)  # the resets run in the background
+            await pool_ready(s, 2)  # the resets run in the background
         stats = s.statistics()
         assert stats.sandboxes_started == stats.sandboxes_removed == 20
     assert len(seen) < 20, "no sandbox was reused"
@@ -158,10 +100,11 @@ async def test_a_failed_reset_removes_the_sandbox_and_the_next_episode_gets_a_fr
             monkeypatch.setattr(_state, "wipe", broken)
             monkeypatch.setattr(_state, "empty", broken)  # where the executor stays
         with capture_logs() as logs:
-            for _ in range(100):
-                await anyio.sleep(0.05)
-                if s.metrics().get("asyncsandbox/reset_failures"):
-                    break
+            await eventually_async(
+                lambda: s.metrics().get("asyncsandbox/reset_failures"),
+                within=5,
+                what="the reset failed",
+            )
         monkeypatch.undo()
         assert s.metrics()["asyncsandbox/reset_failures"] == 1
         assert not (process_root / str(dirty_id)).exists()
@@ -245,7 +188,6 @@ async def test_a_cancelled_fork_leaves_nothing(process_root: Path) -> None:
         for delay in (0.0, 0.01, 0.03, 0.08):
             with anyio.move_on_after(delay):
                 await parent.fork(4)
-            await anyio.sleep(0.05)
             assert [d for d in _sandbox_dirs(process_root) if d != parent.id] == []
             assert _snapshots(process_root) == []
 
@@ -268,6 +210,15 @@ async def test_from_snapshot_takes_a_snapshot_or_its_id() -> None:
     assert SandboxDefaults().merged({"from_snapshot": snapshot}).from_snapshot == snapshot.id
     with pytest.raises(InvalidArgument):
         SandboxDefaults(from_snapshot="")
+
+
+def _count_grows_past(sandbox: Sandbox, size: int) -> Callable[[], Awaitable[bool]]:
+    """Whether the loop's file ``count`` in ``sandbox`` is longer than ``size`` now."""
+
+    async def grown() -> bool:
+        return len((await sandbox.exec(["cat", "count"])).stdout) > size
+
+    return grown
 
 
 def _sandbox_dirs(root: Path) -> list[str]:
@@ -368,9 +319,9 @@ async def test_a_snapshot_while_commands_run_freezes_them_or_is_refused(
         async with anyio.create_task_group() as tg:
             tg.start_soon(sandbox.exec, ["sh", "-c", loop])
             # Running, not merely asked for (the first command of a busy machine is slow).
-            with anyio.fail_after(30):
-                while len((await sandbox.exec(["cat", "count"])).stdout) < 100:  # noqa: ASYNC110
-                    await anyio.sleep(0.05)
+            await eventually_async(
+                _count_grows_past(sandbox, 99), within=30, what="the loop writes"
+            )
             if os.geteuid() != 0:  # no cgroup freezer: a copy could be torn
                 with pytest.raises(InvalidArgument, match="freezer"):
                     await sandbox.snapshot()
@@ -378,8 +329,10 @@ async def test_a_snapshot_while_commands_run_freezes_them_or_is_refused(
                 return
             snapshot = await sandbox.snapshot()
             size = len(await sandbox.read_file("count"))
-            await anyio.sleep(0.2)
-            assert len(await sandbox.read_file("count")) > size, "the command stayed frozen"
+            # The command runs on after the snapshot: the file grows again.
+            await eventually_async(
+                _count_grows_past(sandbox, size), within=30, what="the command stayed frozen"
+            )
             tg.cancel_scope.cancel()
         async with s.sandbox(from_snapshot=snapshot) as copy:
             lines = (await copy.read_file("count")).decode().split("\n")
@@ -387,29 +340,6 @@ async def test_a_snapshot_while_commands_run_freezes_them_or_is_refused(
             numbers = [int(line) for line in lines[:-2]]
             assert numbers == list(range(1, len(numbers) + 1))
             assert len(numbers) > 10
-
-
-async def episodes_leave_nothing(s: Session, *, episodes: int, concurrency: int) -> set[str]:
-    """Episodes through a recycling session, ``concurrency`` at a time: each checks that
-    its sandbox looks fresh, then plants state everywhere. Return the sandbox ids used."""
-    async with s.sandbox() as first:
-        fresh = await look(first)
-    seen: set[str] = set()
-    limiter = anyio.Semaphore(concurrency)
-
-    async def episode() -> None:
-        async with limiter, s.sandbox() as sandbox:
-            assert sandbox.id is not None
-            seen.add(sandbox.id)
-            assert await look(sandbox) == fresh, f"{sandbox.id} was handed over dirty"
-            planted = await sandbox.exec(["sh", "-c", PLANT])
-            assert planted.stdout_text.strip().endswith("done"), planted.stderr_text
-
-    async with anyio.create_task_group() as tg:
-        for _ in range(episodes):
-            tg.start_soon(episode)
-    assert s.metrics()["asyncsandbox/reset_failures"] == 0
-    return seen
 
 
 async def test_a_burst_larger_than_max_live_reuses_the_sandboxes_of_ended_runs(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
-import os
 import re
 import subprocess
 import sys
@@ -51,6 +50,8 @@ from asyncsandbox.sync import (
 )
 from asyncsandbox.testing import FakeBackend, FakeProcess, probe
 
+from ._support import eventually, processes_with, sandbox_dirs, unique_marker
+
 
 def process_session(root: Path, **kwargs: Any) -> SyncSession:
     return SyncSession("process", backend_options={"root": root}, sweep=False, **kwargs)
@@ -58,33 +59,6 @@ def process_session(root: Path, **kwargs: Any) -> SyncSession:
 
 def fake_session(fake: FakeBackend | None = None, **kwargs: Any) -> SyncSession:
     return SyncSession(fake or FakeBackend(), sweep=False, **kwargs)
-
-
-def sandbox_dirs(root: Path) -> list[str]:
-    try:
-        return [name for name in os.listdir(root) if not name.startswith(".")]
-    except FileNotFoundError:
-        return []
-
-
-def eventually(predicate: Callable[[], bool], *, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
-
-
-def processes_with(marker: str) -> list[str]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker.encode() in cmdline:
-                found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
-    return found
 
 
 # -- public surface -------------------------------------------------------------------------
@@ -350,7 +324,7 @@ def test_cancel_reaches_the_async_task() -> None:
     async def block(p: FakeProcess) -> int:
         entered.set()
         try:
-            await anyio.sleep(999)
+            await anyio.sleep_forever()
         finally:
             left.set()
         return 0
@@ -370,7 +344,8 @@ def test_cancel_reaches_the_async_task() -> None:
 def test_cancel_kills_the_command_in_the_sandbox(process_root: Path) -> None:
     with process_session(process_root) as session:
         sb = session.sandbox()
-        handle = sb.exec(probe("heartbeat", "cancel.hb"))
+        marker = unique_marker()
+        handle = sb.exec(probe("heartbeat", "cancel.hb", marker))  # the probe ignores it
 
         def size() -> int:
             try:
@@ -382,19 +357,10 @@ def test_cancel_kills_the_command_in_the_sandbox(process_root: Path) -> None:
         assert handle.cancel()
         with pytest.raises(OperationCancelled):
             handle.result()
-        # The heartbeat stops: sizes a little apart become equal, and stay equal.
-        previous = [-1]
-
-        def stable() -> bool:
-            now = size()
-            same, previous[0] = now == previous[0], now
-            time.sleep(0.2)
-            return same
-
-        eventually(stable)
+        # The heartbeat's process is gone (it alone writes): it can beat no more.
+        eventually(lambda: not processes_with(marker), what="the cancelled command killed")
         settled = size()
-        time.sleep(0.5)
-        assert size() == settled, "the cancelled command still runs"
+        assert settled > 5
         assert sb.exec(["echo", "alive"]).result().stdout == b"alive\n"
 
 

@@ -8,45 +8,18 @@ import hashlib
 import os
 import stat
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+
+from .._support import processes_with
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 DOCKER_CLI_DEADLINE = 60
 
 
 # -- processes ----------------------------------------------------------------------------
-
-
-def processes_with(marker: str) -> list[str]:
-    """Command lines of every host process whose command line contains ``marker`` (the
-    processes of all sandboxes, of every backend, are visible from the host)."""
-    found = []
-    needle = marker.encode()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if needle in cmdline:
-            found.append(f"{pid}: " + cmdline.replace(b"\0", b" ").decode(errors="replace"))
-    return found
-
-
-async def processes_gone(marker: str, *, within: float) -> list[str]:
-    """Wait up to ``within`` seconds for the processes carrying ``marker`` to be gone;
-    return those still there."""
-    deadline = time.monotonic() + within
-    while True:
-        left = processes_with(marker)
-        if not left or time.monotonic() >= deadline:
-            return left
-        await anyio.sleep(0.05)
 
 
 def kill_processes(marker: str) -> None:

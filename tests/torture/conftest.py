@@ -12,27 +12,29 @@ import os
 import random
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from asyncsandbox import Limits, Resources, RetryPolicy, SandboxDefaults, Session, Timeouts
 from asyncsandbox._process import ProcessBackend
-from asyncsandbox._process._backend import default_root
 from asyncsandbox.abc import Backend
 
-from ..conftest import docker_test_image, require_docker
+from .._support import (
+    ALICE,
+    CANARY_SECRET,
+    Server,
+    Target,
+    docker_backend,
+    new_process_root,
+    require_docker,
+)
 from . import _host
 from ._report import REPORT, SEED_ENV
 
 HERE = Path(__file__).resolve().parent
 TARGETS = ("process", "docker", "remote")
-# How far past its own timeout a hostile command may end (a loaded 2-core CI machine,
-# Docker's API in between): "a small bound", never a hang.
-BOUND = {"process": 5.0, "docker": 10.0, "remote": 10.0}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -85,14 +87,6 @@ def rng() -> random.Random:
     return random.Random(seed)
 
 
-def new_process_root() -> Path:
-    """A fresh sandbox root, reachable by the unprivileged sandbox user (see the main
-    conftest's ``process_root``)."""
-    root = default_root().parent / "tests" / ("torture-" + uuid.uuid4().hex[:10])
-    root.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
-    return root
-
-
 @pytest.fixture
 def canary() -> Iterator[Path]:
     """A directory on the host, outside every sandbox and every sandbox's view (/root is
@@ -108,63 +102,11 @@ def canary() -> Iterator[Path]:
     assert after == before, "a file on the host outside the sandbox was touched"
 
 
-CANARY_SECRET = "canary-secret-" + uuid.uuid4().hex
-
-
-def unique_marker() -> str:
-    """A number that is a valid ``sleep`` argument and unique on this host: processes
-    whose command line carries it are ours."""
-    return f"1000.{uuid.uuid4().int % 10**9}"
-
-
 # -- targets ------------------------------------------------------------------------------
 
 
-@dataclass
-class Target:
-    """One backend under torture."""
-
-    name: str
-    tag: str
-    make_backend: Callable[[], Backend]
-    leftovers: Callable[[], list[str]]
-    """What the target's sandboxes left on the host (directories, containers)."""
-    data: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def bound(self) -> float:
-        return BOUND[self.name]
-
-    def session(
-        self,
-        *,
-        resources: Resources | None = None,
-        limits: Limits | None = None,
-        timeouts: Timeouts | None = None,
-        backend: Backend | None = None,
-        retries: RetryPolicy | None = None,
-        **defaults: Any,
-    ) -> Session:
-        config = SandboxDefaults(tags=(self.tag,), resources=resources or Resources(), **defaults)
-        return Session(
-            backend or self.make_backend(),
-            defaults=config,
-            limits=limits,
-            timeouts=timeouts,
-            retries=retries,
-            sweep=False,
-            report_to=[],
-        )
-
-
-def docker_backend(**options: Any) -> Backend:
-    from asyncsandbox_docker import DockerBackend
-
-    return DockerBackend(default_image=docker_test_image(), **options)
-
-
 def process_target(tag: str) -> Iterator[Target]:
-    root = new_process_root()
+    root = new_process_root("torture-")
 
     def leftovers() -> list[str]:
         if not root.exists():
@@ -185,9 +127,7 @@ def docker_target(tag: str) -> Iterator[Target]:
 @pytest.fixture(scope="session")
 def remote_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One ``asyncsandbox serve`` (process backend) on loopback for the whole run."""
-    from ..test_remote import Server
-
-    root = new_process_root()
+    root = new_process_root("torture-")
     server = Server(tmp_path_factory.mktemp("torture-remote"), root=root)
     try:
         yield server
@@ -197,8 +137,6 @@ def remote_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def remote_target(tag: str, server: Any) -> Iterator[Target]:
-    from ..test_remote import ALICE
-
     def make() -> Backend:
         from asyncsandbox_remote import RemoteBackend
 

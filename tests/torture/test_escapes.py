@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,20 +25,27 @@ import pytest
 from asyncsandbox import ExecResult, Resources, Sandbox, SandboxDefaults, Session
 from asyncsandbox._process import ProcessAttributes
 
-from ..conftest import PROCESS_MECHANISMS, mechanism_unavailable, process_options
+from .._support import (
+    PROCESS_MECHANISMS,
+    eventually_async,
+    mechanism_unavailable,
+    new_process_root,
+    process_options,
+    processes_gone,
+    processes_with,
+    running,
+    unique_marker,
+    watch,
+)
 from . import _host
 from ._report import REPORT
-from .conftest import new_process_root, unique_marker
 
-MECHANISMS = PROCESS_MECHANISMS
 IS_ROOT = os.geteuid() == 0
-backend_options = process_options
-unavailable = mechanism_unavailable
 
 
-@pytest.fixture(params=MECHANISMS)
+@pytest.fixture(params=PROCESS_MECHANISMS)
 def mechanism(request: pytest.FixtureRequest) -> str:
-    reason = unavailable(str(request.param))
+    reason = mechanism_unavailable(str(request.param))
     if reason:
         pytest.skip(reason)
     return str(request.param)
@@ -46,7 +53,7 @@ def mechanism(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    path = new_process_root()
+    path = new_process_root("torture-")
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -54,7 +61,7 @@ def root() -> Iterator[Path]:
 def session(root: Path, mechanism: str, **defaults: Any) -> Session:
     return Session(
         "process",
-        backend_options={"root": root, **backend_options(mechanism)},
+        backend_options={"root": root, **process_options(mechanism)},
         defaults=SandboxDefaults(**defaults),
         sweep=False,
         report_to=[],
@@ -287,7 +294,7 @@ async def test_commands_of_other_sandboxes_cannot_be_signalled(mechanism: str, r
             await victim(s, other, ready)
 
     async with session(root, mechanism) as s, anyio.create_task_group() as tg:
-        names = [m for m in MECHANISMS if not unavailable(m)]
+        names = [m for m in PROCESS_MECHANISMS if not mechanism_unavailable(m)]
         for name in [*names, "same session"]:
             ready = anyio.Event()
             if name == "same session":
@@ -295,25 +302,20 @@ async def test_commands_of_other_sandboxes_cannot_be_signalled(mechanism: str, r
             else:
                 tg.start_soon(other_session, name, ready)
             await ready.wait()
-        await wait_for(
-            lambda: sum("sleep " + marker in p for p in _host.processes_with(marker)) > len(names)
+        await eventually_async(
+            lambda: running("sleep", marker) > len(names), within=30, what="the victims run"
         )
-        host_pids = [int(line.split(":")[0]) for line in _host.processes_with(marker)]
+        host_pids = [int(line.split(":")[0]) for line in processes_with(marker)]
         async with s.sandbox() as attacker:
             plan = {"chroot": True, "kill": marker, "pids": host_pids, "inject": True}
             found = await run_kit(attacker, plan)
+        # Code the kit injected runs when its process's current system call returns: a
+        # second for any to strike (a proof by absence, so it waits).
         await anyio.sleep(1)
         tg.cancel_scope.cancel()
     escaped = bool(ended)
     record("signal other sandboxes", mechanism, escaped)
     assert not escaped, (ended, found)
-
-
-async def wait_for(condition: Callable[[], bool], within: float = 30) -> None:
-    """Poll ``condition`` (a look at the host) until it holds."""
-    with anyio.fail_after(within):
-        while not condition():  # noqa: ASYNC110 - nothing to wait on but the host's state
-            await anyio.sleep(0.05)
 
 
 # -- the launcher and the namespace's init ---------------------------------------------
@@ -347,7 +349,7 @@ async def test_ptrace_of_init_is_refused_and_exec_returns(mechanism: str, root: 
         started = time.monotonic()
         result = await sb.exec(["python3", "-c", PTRACE_INIT % marker], timeout=20)
         elapsed = time.monotonic() - started
-        left = await _host.processes_gone(marker, within=5)
+        left = await processes_gone(marker, within=5)
     _host.kill_processes(marker)
     escaped = b"attached" in result.stdout or elapsed > 10 or bool(left)
     record("ptrace init", mechanism, escaped)
@@ -455,20 +457,14 @@ async def test_environment_is_not_in_any_argv(mechanism: str, root: Path) -> Non
     """Values of ``env=`` (API keys) never show in ``ps``: no process's command line
     carries them, while the command runs."""
     token = "token-" + uuid.uuid4().hex
+    done: list[ExecResult] = []
+    seen: list[str] = []
     async with sandbox(root, mechanism) as sb, anyio.create_task_group() as tg:
-        done: list[ExecResult] = []
-
-        async def run() -> None:
-            done.append(
-                await sb.exec(["sh", "-c", 'echo "$API_TOKEN"; sleep 3'], env={"API_TOKEN": token})
-            )
-
-        tg.start_soon(run)
-        seen: list[str] = []
-        deadline = time.monotonic() + 2.5
-        while time.monotonic() < deadline:
-            seen += _host.processes_with(token)
-            await anyio.sleep(0.02)
+        # Every process's command line, looked at all the while the command runs.
+        tg.start_soon(watch, lambda: seen.extend(processes_with(token)))
+        command = ["sh", "-c", 'echo "$API_TOKEN"; sleep 3']
+        done.append(await sb.exec(command, env={"API_TOKEN": token}))
+        tg.cancel_scope.cancel()
     escaped = bool(seen)
     record("env in argv", mechanism, escaped)
     assert done[0].stdout == token.encode() + b"\n"  # the command got it

@@ -34,11 +34,24 @@ from asyncsandbox import (
     Timeouts,
 )
 
-from ..conftest import docker_test_image
+from .._support import (
+    Target,
+    docker_backend,
+    docker_test_image,
+    eventually_async,
+    new_process_root,
+    processes_gone,
+    processes_with,
+    running,
+    unique_marker,
+)
 from . import _host
 from ._proxy import DockerProxy, docker_proxy
 from ._report import REPORT
-from .conftest import Target, docker_backend, new_process_root, unique_marker
+
+# Faults injected into real daemons and owners, each waiting out its deadlines: slow
+# (`uv run pytest -m slow`; CI runs them once).
+pytestmark = pytest.mark.slow
 
 NO_RETRIES = RetryPolicy(attempts=1)
 
@@ -66,18 +79,21 @@ async def test_container_killed_mid_exec(docker_target_fixture: Target, fast_pat
     async with target.session(backend=docker_backend(fast_path=fast_path)) as s:
         sb = await s.sandbox().start()
         container = sb.extra(DockerAttributes.container_id)
+        marker = unique_marker()
+        killed = 0.0
         async with anyio.create_task_group() as tg:
 
             async def kill() -> None:
-                await anyio.sleep(1)
+                nonlocal killed
+                await eventually_async(lambda: running("sleep", marker), what="the command runs")
+                killed = time.monotonic()
                 await _host.adocker("kill", container)
 
             tg.start_soon(kill)
-            started = time.monotonic()
             with pytest.raises(SandboxDied) as info:
-                await sb.exec(["sleep", "60"], timeout=90)
-            elapsed = time.monotonic() - started
-        assert elapsed < 1 + target.bound, f"the death was noticed after {elapsed:.1f}s"
+                await sb.exec(["sleep", marker], timeout=90)
+            elapsed = time.monotonic() - killed
+        assert elapsed < target.bound, f"the death was noticed {elapsed:.1f}s after the kill"
         with pytest.raises(SandboxDied):  # reported dead from now on
             await sb.exec(["true"])
         await sb.stop()
@@ -98,8 +114,7 @@ async def test_sandbox_killed_from_outside_mid_exec(process_target_fixture: Targ
         async with anyio.create_task_group() as tg:
 
             async def kill() -> None:
-                while not _host.processes_with(marker):  # noqa: ASYNC110 - polling the host
-                    await anyio.sleep(0.05)
+                await eventually_async(lambda: processes_with(marker), what="the command runs")
                 _host.signal_processes(marker, signal.SIGKILL)
 
             tg.start_soon(kill)
@@ -138,17 +153,19 @@ OWNER = textwrap.dedent(
                 for _ in range(int(count)):
                     tg.start_soon(start)
             ready = 0
+            all_ready = anyio.Event()
             async def hold(sb):
                 nonlocal ready
                 async with sb.exec_stream(["sh", "-c", "echo up; exec sleep " + marker]) as run:
                     async for _ in run:
                         ready += 1
+                        if ready == 10:
+                            all_ready.set()
                         await anyio.sleep_forever()
             async with anyio.create_task_group() as tg:
                 for sb in sandboxes[:10]:
                     tg.start_soon(hold, sb)
-                while ready < 10:
-                    await anyio.sleep(0.05)
+                await all_ready.wait()
                 print("ready", len(sandboxes), flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
     anyio.run(main)
@@ -189,7 +206,7 @@ async def test_owner_sigkilled_with_100_live_sandboxes(
         )
     assert gc.returncode == 0, gc.stderr.decode()[-2000:]
     assert target.leftovers() == [], "gc left sandboxes of a dead owner"
-    assert await _host.processes_gone(marker, within=target.bound) == []
+    assert await processes_gone(marker, within=target.bound) == []
     REPORT.fault("owner_sigkilled", backend, f"gc removed all in {time.monotonic() - started:.0f}s")
 
 
@@ -330,7 +347,7 @@ async def test_a_lost_answer_is_never_a_timeout(
             )
             proxy.set("pass")
     await cleanup(target)
-    assert await _host.processes_gone(marker, within=target.bound) == []
+    assert await processes_gone(marker, within=target.bound) == []
     assert target.leftovers() == []
 
 
@@ -350,22 +367,23 @@ async def test_daemon_restart_through_proxy(
         async with flaky.session(retries=NO_RETRIES) as s:
             sandboxes = [await s.sandbox().start() for _ in range(3)]
             errors: list[BaseException] = []
+            marker = unique_marker()
 
             async def long_exec(i: int) -> None:
                 try:
-                    await sandboxes[i].exec(["sleep", "60"], timeout=90)
+                    await sandboxes[i].exec(["sleep", marker], timeout=90)
                 except InfrastructureError as exc:
                     errors.append(exc)
 
-            started = time.monotonic()
             async with anyio.create_task_group() as tg:
                 for i in range(3):
                     tg.start_soon(long_exec, i)
-                await anyio.sleep(1)
+                await eventually_async(lambda: running("sleep", marker) == 3, what="all three run")
+                down = time.monotonic()
                 proxy.set("down")
-            elapsed = time.monotonic() - started
+            elapsed = time.monotonic() - down
             assert len(errors) == 3, errors
-            assert elapsed < 1 + 10 + target.bound
+            assert elapsed < 10 + target.bound  # from the start, 1 s before: 1 + 10 + bound
             for e in errors:
                 REPORT.fault("daemon_down_in_flight_exec", "docker", type(e).__name__)
             with pytest.raises(InfrastructureError) as info:
@@ -398,8 +416,11 @@ async def test_lost_create_answers_leak_nothing(
             REPORT.fault(f"create_answer_{mode}", "docker", type(info.value).__name__)
             async with s.sandbox() as sb:
                 assert (await sb.exec(["true"], timeout=60)).returncode == 0
-    await anyio.sleep(1)
-    assert target.leftovers() == [], "a create whose answer was lost left its container"
+    await eventually_async(
+        lambda: not target.leftovers(),
+        within=1,
+        what="no container left by a create whose answer was lost",
+    )
 
 
 # -- the disk nearly full -------------------------------------------------------------------
@@ -413,7 +434,7 @@ async def test_disk_nearly_full(process_target_fixture: Target) -> None:
     from asyncsandbox._process import ProcessBackend
 
     target = process_target_fixture
-    root = new_process_root()
+    root = new_process_root("torture-")
     with _host.tmpfs(root, 32):
         ballast = root / ".ballast"
         with ballast.open("wb") as f:

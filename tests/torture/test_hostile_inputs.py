@@ -22,9 +22,9 @@ import pytest
 from asyncsandbox import InvalidArgument, Sandbox, SandboxError, SandboxFileError, Session
 from asyncsandbox._archive import unpack
 
+from .._support import CANARY_SECRET, Target
 from . import _host
 from ._report import REPORT
-from .conftest import CANARY_SECRET, Target
 
 
 async def expect_error(
@@ -338,6 +338,7 @@ def _read_all(path: Path) -> str:
     return "".join(p.read_text(errors="replace") for p in path.rglob("*") if p.is_file())
 
 
+@pytest.mark.slow  # a sparse 64 GiB file, 20,000 files, tar bombs
 async def test_absurd_sizes_and_tar_bombs(target: Target, tmp_path: Path) -> None:
     """A sparse 64 GiB file, 20,000 files, 32 MiB of stdin, a 48 MiB write: bounded reads
     refuse fast, bounded downloads stop at their bound, honest big transfers work."""

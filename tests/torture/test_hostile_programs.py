@@ -21,9 +21,13 @@ from asyncsandbox import (
     SandboxDied,
 )
 
+from .._support import Target, new_process_root, processes_gone, unique_marker
 from . import _host
 from ._report import REPORT
-from .conftest import Target, new_process_root, unique_marker
+
+# Hostile programs run to their limits (1 GiB of output, fork bombs, timeouts): slow
+# (`uv run pytest -m slow`; CI runs them once).
+pytestmark = pytest.mark.slow
 
 GIB = 1 << 30
 
@@ -42,7 +46,7 @@ async def usable_or_dead(sb: Sandbox, target: Target, program: str) -> str:
 async def no_leftovers(target: Target, marker: str | None = None) -> None:
     """After the session closed: no sandbox left, no process carrying ``marker``."""
     if marker is not None:
-        left = await _host.processes_gone(marker, within=target.bound)
+        left = await processes_gone(marker, within=target.bound)
         _host.kill_processes(marker)
         assert left == [], f"processes outlived the sandbox: {left}"
     assert target.leftovers() == []
@@ -144,7 +148,7 @@ async def test_child_ignoring_sigterm(target: Target) -> None:
         with pytest.raises(ExecTimeout):
             await sb.exec(["sh", "-c", script], timeout=2)
         assert time.monotonic() - started < 2 + target.bound
-        left = await _host.processes_gone(marker, within=target.bound)
+        left = await processes_gone(marker, within=target.bound)
         assert left == [], f"SIGTERM-ignoring processes survived the timeout: {left}"
         after = await usable_or_dead(sb, target, "sigterm ignorer")
     record("sigterm_ignoring_child", target, f"ExecTimeout, tree killed, sandbox {after}")
@@ -172,12 +176,12 @@ async def test_daemonized_grandchildren_do_not_outlive_the_exec(target: Target) 
         assert result.returncode == 0, result.stderr
         assert result.stdout == b"spawned\n"
         assert time.monotonic() - started < target.bound, "the exec waited for its daemons"
-        left = await _host.processes_gone(marker, within=target.bound)
+        left = await processes_gone(marker, within=target.bound)
         assert left == [], f"daemonized processes outlived the exec: {left}"
         # And if one is started by a long-running exec that is then cancelled, the same.
         with anyio.move_on_after(2):
             await sb.exec(["sh", "-c", DAEMONIZE.format(m=marker) + f"; sleep {marker}"])
-        left = await _host.processes_gone(marker, within=target.bound)
+        left = await processes_gone(marker, within=target.bound)
         assert left == [], f"daemonized processes outlived a cancelled exec: {left}"
         after = await usable_or_dead(sb, target, "daemonizer")
     record("daemonized_grandchild", target, f"returned, daemons killed, sandbox {after}")
@@ -257,7 +261,7 @@ async def test_disk_filling_writes(target: Target) -> None:
         pytest.skip("mounting a tmpfs needs root")
     from asyncsandbox._process import ProcessBackend
 
-    root = new_process_root()
+    root = new_process_root("torture-")
     free_before = _host.disk_free("/")
     with _host.tmpfs(root, 48):
         async with target.session(backend=ProcessBackend(root=root)) as s, s.sandbox() as sb:
@@ -293,7 +297,7 @@ async def test_cancelled_endless_command(target: Target, program: str) -> None:
             await sb.exec(["sleep", marker])
         assert scope.cancelled_caught
         assert time.monotonic() - started < 1 + target.bound
-        assert await _host.processes_gone(marker, within=target.bound) == []
+        assert await processes_gone(marker, within=target.bound) == []
         result: ExecResult = await sb.exec(["true"], timeout=30)
         assert result.returncode == 0
     record(program, target, "cancelled, command killed")

@@ -24,9 +24,17 @@ from structlog.testing import capture_logs
 
 from asyncsandbox import LaunchError, RetryPolicy, Session
 
+from .._support import (
+    PROCESS_MECHANISMS,
+    eventually_async,
+    mechanism_unavailable,
+    new_process_root,
+    process_options,
+)
 from ._report import REPORT
-from .conftest import new_process_root
-from .test_escapes import MECHANISMS, backend_options, unavailable
+
+# Launchers broken while commands churn: slow (`uv run pytest -m slow`; CI runs them once).
+pytestmark = pytest.mark.slow
 
 CHURN = r"""
 import collections, ctypes, json, os, shutil, sys, threading
@@ -78,21 +86,21 @@ print(json.dumps({"statuses": statuses, "errors": errors, "replaced": replaced[0
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a private mount namespace needs root")
-@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("mechanism", PROCESS_MECHANISMS)
 def test_host_replacing_etc_files_never_becomes_an_exit_status(
     mechanism: str, tmp_path: Path
 ) -> None:
-    reason = unavailable(mechanism)
+    reason = mechanism_unavailable(mechanism)
     if reason:
         pytest.skip(reason)
-    root = new_process_root()
+    root = new_process_root("torture-")
     try:
         done = subprocess.run(
             [
                 sys.executable,
                 "-c",
                 CHURN,
-                json.dumps(backend_options(mechanism)),
+                json.dumps(process_options(mechanism)),
                 str(root),
                 str(tmp_path / "etc"),
             ],
@@ -115,9 +123,9 @@ def test_host_replacing_etc_files_never_becomes_an_exit_status(
 # -- a launch failure is typed, counted, and retried when transient ---------------------
 
 
-@pytest.fixture(params=MECHANISMS)
+@pytest.fixture(params=PROCESS_MECHANISMS)
 def mechanism(request: pytest.FixtureRequest) -> str:
-    reason = unavailable(str(request.param))
+    reason = mechanism_unavailable(str(request.param))
     if reason:
         pytest.skip(reason)
     return str(request.param)
@@ -127,8 +135,8 @@ async def test_a_sandbox_that_cannot_be_set_up_raises_launch_error(mechanism: st
     """The sandbox's /etc taken away: the launcher cannot build the view. The command never
     runs, exec raises LaunchError (not an exit status), the metrics count it; once /etc is
     back, the same sandbox works."""
-    root = new_process_root()
-    options = {"root": root, **backend_options(mechanism)}
+    root = new_process_root("torture-")
+    options = {"root": root, **process_options(mechanism)}
     retries = RetryPolicy(attempts=2, backoff=0.01)
     try:
         async with (
@@ -152,8 +160,8 @@ async def test_a_sandbox_that_cannot_be_set_up_raises_launch_error(mechanism: st
 
 
 async def test_a_transient_launch_failure_is_retried(mechanism: str) -> None:
-    root = new_process_root()
-    options = {"root": root, **backend_options(mechanism)}
+    root = new_process_root("torture-")
+    options = {"root": root, **process_options(mechanism)}
     retries = RetryPolicy(attempts=6, backoff=0.5, max_backoff=0.5)
     try:
         async with (
@@ -172,9 +180,11 @@ async def test_a_transient_launch_failure_is_retried(mechanism: str) -> None:
 
                     tg.start_soon(run)
                     # The first attempt fails at once; restore /etc during the backoff.
-                    with anyio.fail_after(30):
-                        while not any(e["event"] == "backend.retry" for e in logs):  # noqa: ASYNC110 - logs have no event to wait on
-                            await anyio.sleep(0.01)
+                    await eventually_async(
+                        lambda: any(e["event"] == "backend.retry" for e in logs),
+                        within=30,
+                        what="the first attempt failed",
+                    )
                     await aside.rename(etc)
             assert results == [0]
     finally:

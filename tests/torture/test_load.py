@@ -35,9 +35,12 @@ from asyncsandbox import (
     Session,
 )
 
+from .._support import Target, processes_gone, unique_marker
 from . import _host
 from ._report import REPORT, full_run
-from .conftest import Target, unique_marker
+
+# Load with chaos and cancellation storms: slow (`uv run pytest -m slow`; CI runs them once).
+pytestmark = pytest.mark.slow
 
 HOSTILE = {
     "loop": (["python3", "-c", "while True: pass"], 2),
@@ -139,7 +142,7 @@ async def test_load_with_chaos(
     duplicated = [i for i, o in outcomes.items() if len(o) != 1]
     kinds = Counter(o[0].split(": ", 1)[1].split(" ")[0] for o in outcomes.values() if o)
     left = target.leftovers()
-    gone = await _host.processes_gone(marker, within=target.bound)
+    gone = await processes_gone(marker, within=target.bound)
     REPORT.load(
         target_name,
         rollouts=n,
@@ -243,7 +246,7 @@ async def storm(target: Target, rng: random.Random, tmp_path: Path) -> dict[str,
             assert (await sb.exec(["echo", "ok"], timeout=30)).stdout == b"ok\n"
     stats = s.statistics()
     left = target.leftovers()
-    procs = await _host.processes_gone(marker[5:], within=target.bound)
+    procs = await processes_gone(marker[5:], within=target.bound)
     summary = {
         "operations": n,
         "kinds": dict(kinds),
