@@ -56,10 +56,6 @@ LONG_ALLOWED: dict[str, str] = {
     "asyncsandbox/_interpreter/_runner.py": (
         "being split on wip/interp2 (the code interpreter) at the time of writing"
     ),
-    "backends/remote/asyncsandbox_remote/_client.py": (
-        "not split yet: transport and error mapping, backend, sandbox and frame reader in "
-        "one module (issue 28, item 4); its seams are those four"
-    ),
     "backends/remote/asyncsandbox_remote/_handlers.py": (
         "being reworked on wip/e2b2 (the server's handlers get a server-state object)"
     ),
