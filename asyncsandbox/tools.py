@@ -91,5 +91,9 @@ propagates.
 
 from ._tools._results import Grade, Tests, ToolImage, ToolResult
 from ._tools._toolbox import TOOL_NAMES, Toolbox
+from ._util import claim_public
 
 __all__ = ("Toolbox", "ToolResult", "ToolImage", "Grade", "TOOL_NAMES", "Tests")
+
+# Show public objects as `asyncsandbox.tools.X` (see asyncsandbox._util.claim_public).
+claim_public(__name__, globals())
