@@ -606,7 +606,7 @@ def test_swe_task_env_with_an_openai_endpoint(process_root: Path, tmp_path: Path
 def test_mcp_client(process_root: Path) -> None:
     out, _ = run_example("mcp_client.py", root=process_root)
     assert out.splitlines() == [
-        "Tools: bash, read_file, write_file, str_replace_editor",
+        "Tools: bash, read_file, write_file, str_replace_editor, run_code",
         "> write_file: Wrote 67 bytes to primes.py.",
         "> bash (error): exit=1 ... SyntaxError: '(' was never closed",
         (
