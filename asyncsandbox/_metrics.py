@@ -25,7 +25,7 @@ class MetricsReporter(Protocol):
     def __call__(self, metrics: Mapping[str, float], step: int | None) -> None: ...
 
 
-def _wandb_run() -> Any:
+def wandb_run() -> Any:
     """The active W&B run, if any. A run exists only if the program imported wandb, so
     this never imports it (which would also fail during interpreter shutdown)."""
     module = sys.modules.get("wandb")
@@ -34,7 +34,7 @@ def _wandb_run() -> Any:
 
 def wandb_reporter(metrics: Mapping[str, float], step: int | None) -> None:
     """Log to the active W&B run (``wandb.run.log``); never creates a run."""
-    run = _wandb_run()
+    run = wandb_run()
     if run is None:
         raise LookupError("no active wandb run (call wandb.init() first)")
     run.log(dict(metrics), step=step)
@@ -57,7 +57,7 @@ class _Auto:
     """``report_to=None``: W&B when a run is active at logging time, else nothing."""
 
     def __call__(self, metrics: Mapping[str, float], step: int | None) -> None:
-        if _wandb_run() is not None:
+        if wandb_run() is not None:
             wandb_reporter(metrics, step)
         else:
             raise LookupError("no active wandb run")

@@ -9,11 +9,12 @@ from contextlib import suppress
 from typing import Any, Generic, TypeVar, cast, final
 
 import anyio
+import anyio.abc
 
 from ._errors import InvalidArgument, OperationCancelled
 from ._validate import positive_int, seconds
 
-__all__ = ("Operation", "as_completed", "wait")
+__all__ = ("Operation", "as_completed", "start", "wait")
 
 T = TypeVar("T")
 
@@ -188,6 +189,19 @@ async def _wait(
     done = completed[:wanted]
     chosen = set(map(id, done))
     return done, [op for op in ops if id(op) not in chosen]
+
+
+def start(
+    awaitable: Awaitable[T], name: str, task_group: anyio.abc.TaskGroup | None
+) -> Operation[T]:
+    """The operation of ``awaitable``, running in ``task_group``; with none (its session
+    is closed), cancelled before it started (its coroutine closed)."""
+    op = Operation(awaitable, name)
+    if task_group is None:
+        op._discard()
+    else:
+        task_group.start_soon(op._run, name=f"asyncsandbox:{op.name}")
+    return op
 
 
 def as_completed(

@@ -32,7 +32,7 @@ from ._limits import Limiter, LimiterStatistics
 from ._log import get_logger
 from ._metrics import Metrics, MetricsReporter, resolve_reporters
 from ._models import ExecResult, SandboxInfo, SandboxStatus, Snapshot, SnapshotInfo
-from ._operations import Operation
+from ._operations import Operation, start as start_operation
 from ._pool import Pool
 from ._runtime import Runtime
 from ._sandbox import Sandbox, SandboxOwner
@@ -412,12 +412,14 @@ class Session:
         """
         if not isinstance(awaitable, Awaitable):
             raise InvalidArgument(f"submit() needs an awaitable, got {awaitable!r}")
-        op = Operation(awaitable, name or str(getattr(awaitable, "__qualname__", "operation")))
-        if self._state != SessionState.OPEN or self._task_group is None:
-            op._discard()
+        open_ = self._state == SessionState.OPEN and self._task_group is not None
+        op = start_operation(
+            awaitable,
+            name or str(getattr(awaitable, "__qualname__", "operation")),
+            self._task_group if open_ else None,
+        )
+        if not open_:
             self._check_open()
-        else:
-            self._task_group.start_soon(op._run, name=f"asyncsandbox:{op.name}")
         return op
 
     async def list(

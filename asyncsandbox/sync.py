@@ -35,12 +35,10 @@ Handles may be passed to a worker thread (``anyio.to_thread.run_sync(handle.resu
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import concurrent.futures
 import functools
 import os
-import sys
 import threading
 import time
 import weakref
@@ -57,6 +55,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from . import _sandbox, _session, _validate as check
 from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts, WarmPool
 from ._errors import InvalidArgument, OperationCancelled, SandboxClosed, SandboxError
+from ._eventloop import refusal
 from ._interpreter._models import CodeContext, Execution, ExecutionError, OutputMessage, Result
 from ._log import get_logger
 from ._metrics import MetricsReporter
@@ -84,7 +83,6 @@ __all__ = (
 T = TypeVar("T")
 
 _NEW, _OPEN, _CLOSED = "new", "open", "closed"
-_HINT = "use asyncsandbox.Session directly in async code"
 _log = get_logger()
 
 _ASYNC_NAMES = {
@@ -115,30 +113,10 @@ class RunningEventLoopError(SandboxError, RuntimeError):
     thread, e.g. ``anyio.to_thread.run_sync``)."""
 
 
-def _running_event_loop() -> str | None:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        return "asyncio"
-    trio = sys.modules.get("trio")  # never import trio just to find out it is not running
-    if trio is not None:
-        try:
-            trio.lowlevel.current_trio_token()
-        except RuntimeError:
-            pass
-        else:
-            return "trio"
-    return None
-
-
 def _check_blocking_allowed(what: str) -> None:
-    library = _running_event_loop()
-    if library is not None:
-        raise RunningEventLoopError(
-            f"{what} would block this thread, which runs an event loop ({library}); {_HINT}"
-        )
+    message = refusal(what)
+    if message is not None:
+        raise RunningEventLoopError(message)
 
 
 class _Runtime:

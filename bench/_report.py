@@ -11,10 +11,11 @@ import importlib
 import json
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._systems import BASELINE, FLOORS
+from ._systems import BASELINE, FLOORS, RAY_DIRECT
 
 Measurement = dict[str, Any]
 CONTENDED = 0.10
@@ -111,122 +112,93 @@ def _ms_of(workload: str, run: dict[str, Any]) -> list[Measurement]:
     return sorted(ms, key=lambda m: (order.index(m["system"]), _key(m["params"])))
 
 
-# -- sections -------------------------------------------------------------------------
+# -- sections: one shape, five column specs --------------------------------------------
+
+Cell = Callable[[Measurement, Index], str]
 
 
-def _exec_section(run: dict[str, Any], index: Index) -> list[str]:
-    rows = []
-    for m in _ms_of("exec", run):
-        r = m["result"] or {}
-        lat = r.get("latency")
-        p = m["params"]
-        rows.append(
-            [
-                m["system"],
-                p["command"],
-                str(p["concurrency"]),
-                _fmt(r.get("throughput")) if m["status"] == "ok" else "-",
-                _ms(lat, "p50"),
-                _ms(lat, "p95"),
-                _ms(lat, "p99"),
-                _errors(m),
-                _other(m),
-                _x(index.ratio(m, BASELINE)),
-                _x(index.ratio(m, FLOORS["api"])),
-                _x(index.ratio(m, FLOORS["spawn"])),
-            ]
-        )
-    if not rows:
-        return []
+@dataclass(frozen=True)
+class Section:
+    """One workload's table: a heading, what it measures, and its columns."""
+
+    workload: str
+    intro: Callable[[dict[str, Any]], str]
+    """What the table shows (of the run: some name its parameters)."""
+    columns: tuple[tuple[str, Cell], ...]
+    """(header, cell) per column."""
+    footer: Callable[[list[Measurement]], list[str]] = lambda ms: []
+    """Lines after the table (of the workload's measurements)."""
+
+    def render(self, run: dict[str, Any], index: Index) -> list[str]:
+        ms = _ms_of(self.workload, run)
+        if not ms:
+            return []
+        rows = [[cell(m, index) for _, cell in self.columns] for m in ms]
+        return [
+            f"## {self.workload}",
+            "",
+            self.intro(run),
+            "",
+            *_table([header for header, _ in self.columns], rows),
+            "",
+            *self.footer(ms),
+        ]
+
+
+def _result(m: Measurement) -> dict[str, Any]:
+    return m["result"] or {}
+
+
+def _param(name: str) -> Cell:
+    return lambda m, index: str(m["params"][name])
+
+
+def _throughput(status_in_bold: bool = False) -> Cell:
+    def cell(m: Measurement, index: Index) -> str:
+        if m["status"] == "ok":
+            return _fmt(_result(m).get("throughput"))
+        return f"**{m['status']}**" if status_in_bold else "-"
+
+    return cell
+
+
+def _latency(key: str, quantile: str, *within: str) -> Cell:
+    """Milliseconds of ``result[key]`` (or of ``result[within...][key]``) at ``quantile``."""
+
+    def cell(m: Measurement, index: Index) -> str:
+        found: Any = _result(m)
+        for part in within:
+            found = found.get(part) or {}
+        return _ms(found.get(key), quantile)
+
+    return cell
+
+
+def _times(reference: str) -> Cell:
+    return lambda m, index: _x(index.ratio(m, reference))
+
+
+_SYSTEM: tuple[str, Cell] = ("system", lambda m, index: str(m["system"]))
+_SYSTEM_POOL: tuple[str, Cell] = ("system", lambda m, index: _name(m))
+_ERRORS: tuple[str, Cell] = ("errors", lambda m, index: _errors(m))
+_OTHER: tuple[str, Cell] = ("other CPU", lambda m, index: _other(m))
+_LEFTOVERS: tuple[str, Cell] = ("leftovers", lambda m, index: _left(m))
+_RATIOS: tuple[tuple[str, Cell], ...] = (
+    ("x docker-py", _times(BASELINE)),
+    ("x raw-aiodocker", _times(FLOORS["api"])),
+)
+
+
+def _exec_intro(run: dict[str, Any]) -> str:
     setup: dict[str, Any] = next(
         (m["setup"] for m in run["measurements"] if m["workload"] == "exec"), {}
     )
-    return [
-        "## exec",
-        "",
-        (
-            f"Execs/s and latency of one command, over {setup.get('sandboxes', '?')} live "
-            "sandboxes (round-robin), at each concurrency, for a fixed time window "
-            f"({run['parameters'].get('exec', {}).get('duration', '?')} s). `python`: "
-            "`python3 -c 'print(sum(range(1000)))'`; `true`: `/bin/true`. Output is checked."
-        ),
-        "",
-        *_table(
-            [
-                "system",
-                "command",
-                "conc",
-                "execs/s",
-                "p50 ms",
-                "p95 ms",
-                "p99 ms",
-                "errors",
-                "other CPU",
-                "x docker-py",
-                "x raw-aiodocker",
-                "x host-spawn",
-            ],
-            rows,
-        ),
-        "",
-    ]
-
-
-def _lifecycle_section(run: dict[str, Any], index: Index) -> list[str]:
-    rows = []
-    for m in _ms_of("lifecycle", run):
-        r = m["result"] or {}
-        rows.append(
-            [
-                _name(m),
-                str(m["params"]["concurrency"]),
-                str(m["params"]["count"]),
-                _fmt(r.get("throughput")) if m["status"] == "ok" else "-",
-                _ms(r.get("create"), "p50"),
-                _ms(r.get("create"), "p95"),
-                _ms(r.get("create"), "p99"),
-                _ms(r.get("remove"), "p50"),
-                _ms(r.get("remove"), "p95"),
-                _ms(r.get("remove"), "p99"),
-                _errors(m),
-                _other(m),
-                _left(m),
-                _x(index.ratio(m, BASELINE)),
-                _x(index.ratio(m, FLOORS["api"])),
-            ]
-        )
-    if not rows:
-        return []
-    return [
-        "## lifecycle",
-        "",
-        (
-            "`count` sandboxes per point, each created (until ready for a command) and then "
-            "removed, by `conc` workers. sandboxes/s counts complete create+remove cycles."
-        ),
-        "",
-        *_table(
-            [
-                "system",
-                "conc",
-                "count",
-                "sandboxes/s",
-                "create p50 ms",
-                "p95",
-                "p99",
-                "remove p50 ms",
-                "p95",
-                "p99",
-                "errors",
-                "other CPU",
-                "leftovers",
-                "x docker-py",
-                "x raw-aiodocker",
-            ],
-            rows,
-        ),
-        "",
-    ]
+    return (
+        f"Execs/s and latency of one command, over {setup.get('sandboxes', '?')} live "
+        "sandboxes (round-robin), at each concurrency, for a fixed time window "
+        f"({run['parameters'].get('exec', {}).get('duration', '?')} s). `python`: "
+        "`python3 -c 'print(sum(range(1000)))'`; `true`: `/bin/true`. Output is checked."
+    )
 
 
 def _left(m: Measurement) -> str:
@@ -240,89 +212,56 @@ def _left(m: Measurement) -> str:
     return f"{_fmt(during, 0) if during is not None else '-'} (after exit: {after})"
 
 
-def _rollout_section(run: dict[str, Any], index: Index) -> list[str]:
+def _scale_live(m: Measurement, index: Index) -> str:
+    return str(_result(m).get("live", "-")) if m["status"] == "ok" else f"**{m['status']}**"
+
+
+def _ray_section(run: dict[str, Any], index: Index) -> list[str]:
+    """Ray's hop: each asyncsandbox-ray figure beside the nodes' backend run directly."""
     rows = []
-    for m in _ms_of("rollout", run):
-        r = m["result"] or {}
-        lat = r.get("latency")
-        phases = r.get("phases") or {}
+    for m in [m for w in ("exec", "lifecycle", "rollout") for m in _ms_of(w, run)]:
+        if m["system"] != "asyncsandbox-ray":
+            continue
+        direct = index.get(m["workload"], RAY_DIRECT, m["params"])
         rows.append(
             [
-                _name(m),
-                str(m["params"]["rollouts"]),
-                str(m["params"]["concurrency"]),
-                _fmt(r.get("throughput")) if m["status"] == "ok" else "-",
-                _ms(lat, "p50"),
-                _ms(lat, "p95"),
-                _ms(lat, "p99"),
-                _ms(phases.get("create"), "p50"),
-                _ms(phases.get("exec"), "p50"),
-                _ms(phases.get("remove"), "p50"),
+                m["workload"],
+                ", ".join(f"{k}={v}" for k, v in m["params"].items() if k != "duration"),
+                _fmt(_metric(direct, "throughput")),
+                _fmt(_metric(m, "throughput")) if m["status"] == "ok" else m["status"],
+                _x(index.ratio(m, RAY_DIRECT)),
                 _errors(m),
                 _other(m),
-                _left(m),
-                _x(index.ratio(m, BASELINE)),
-                _x(index.ratio(m, FLOORS["api"])),
             ]
         )
     if not rows:
         return []
     return [
-        "## rollout",
+        "## Ray: the driver-to-node hop",
         "",
         (
-            "`R` rollouts by `C` workers; a rollout is create, 5 x the Python command, write a "
-            "4 KiB file, read it back (compared), remove. Latency is per whole rollout; phase "
-            "columns are per call. Leftovers: containers of the run still present when the point "
-            "ended (and after the worker exited, if different)."
+            f'The same points through `Session("ray")` (each call to the sandbox\'s node '
+            f"agent, which runs it on the process backend) and on the process backend in the "
+            f"driver (`{RAY_DIRECT}`), in this run. Per second: rollouts, execs, or "
+            "create+remove cycles."
         ),
         "",
         *_table(
-            [
-                "system",
-                "R",
-                "C",
-                "rollouts/s",
-                "p50 ms",
-                "p95 ms",
-                "p99 ms",
-                "create p50",
-                "exec p50",
-                "remove p50",
-                "errors",
-                "other CPU",
-                "leftovers",
-                "x docker-py",
-                "x raw-aiodocker",
-            ],
+            ["workload", "point", f"{RAY_DIRECT} /s", "ray /s", "x direct", "errors", "other CPU"],
             rows,
         ),
         "",
     ]
 
 
-def _scale_section(run: dict[str, Any], index: Index) -> list[str]:
-    rows = []
+def _engine_rss(m: Measurement, index: Index) -> str:
+    rss = _result(m).get("daemon_rss_delta_per_sandbox_mib") or {}
+    return _fmt(sum(v for v in rss.values() if isinstance(v, int | float)) if rss else None)
+
+
+def _teardowns(ms: list[Measurement]) -> list[str]:
     teardowns: list[tuple[str, Any, dict[str, Any], Any]] = []
-    for m in _ms_of("scale", run):
-        r = m["result"] or {}
-        rss = r.get("daemon_rss_delta_per_sandbox_mib") or {}
-        engine = sum(v for v in rss.values() if isinstance(v, int | float)) if rss else None
-        rows.append(
-            [
-                m["system"],
-                str(m["params"]["sandboxes"]),
-                str(r.get("live", "-")) if m["status"] == "ok" else f"**{m['status']}**",
-                _fmt(r.get("seconds_to_reach"), 1),
-                _fmt(r.get("rate")),
-                _fmt(r.get("memory_per_sandbox_mib")),
-                _fmt(engine),
-                _ms(r.get("exec_latency"), "p50"),
-                _ms(r.get("exec_latency"), "p95"),
-                _errors(m),
-                _other(m),
-            ]
-        )
+    for m in ms:
         teardown = (m.get("extra") or {}).get("teardown")
         if teardown and (m["system"], teardown.get("removed")) not in [t[:2] for t in teardowns]:
             teardowns.append(
@@ -333,36 +272,7 @@ def _scale_section(run: dict[str, Any], index: Index) -> list[str]:
                     (m.get("after") or {}).get("leftovers_after_exit"),
                 )
             )
-    if not rows:
-        return []
-    lines = [
-        "## scale",
-        "",
-        (
-            "Grow to each size in turn, keeping every sandbox alive; at each size: seconds since "
-            "the start, creates/s of that step, host memory per live sandbox (MemAvailable "
-            "delta), Docker's own resident memory per sandbox (dockerd + containerd + shims, "
-            "delta), and the latency of Python execs on random live sandboxes (4 at a time)."
-        ),
-        "",
-        *_table(
-            [
-                "system",
-                "N",
-                "live",
-                "s to reach",
-                "creates/s",
-                "MiB/sandbox (host)",
-                "MiB/sandbox (engine RSS)",
-                "exec p50 ms",
-                "exec p95 ms",
-                "errors",
-                "other CPU",
-            ],
-            rows,
-        ),
-        "",
-    ]
+    lines = []
     for system, removed, t, after in teardowns:
         errors = (t.get("errors") or {}).get("total", 0)
         lines.append(
@@ -370,40 +280,121 @@ def _scale_section(run: dict[str, Any], index: Index) -> list[str]:
             f"({_fmt(t.get('rate'))}/s), {errors} removal errors, leftovers "
             f"{t.get('leftovers')} (after exit: {after})."
         )
-    lines.append("")
-    return lines
+    return [*lines, ""]
 
 
-def _overhead_section(run: dict[str, Any], index: Index) -> list[str]:
-    rows = []
-    for m in _ms_of("overhead", run):
-        r = m["result"] or {}
-        lat: dict[str, Any] = r.get("latency") or {}
-        rows.append(
-            [
-                m["params"]["library"],
-                str(m["params"]["concurrency"]),
-                _fmt(r.get("throughput")) if m["status"] == "ok" else f"**{m['status']}**",
-                _fmt(_us(lat.get("p50")), 1),
-                _fmt(_us(lat.get("p99")), 1),
-                _verdict(_metric(m, "throughput"), 20_000),
-            ]
-        )
-    if not rows:
-        return []
-    return [
-        "## overhead",
-        "",
+def _overhead_us(quantile: str) -> Cell:
+    return lambda m, index: _fmt(_us((_result(m).get("latency") or {}).get(quantile)), 1)
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section(
+        "exec",
+        _exec_intro,
         (
+            _SYSTEM,
+            ("command", _param("command")),
+            ("conc", _param("concurrency")),
+            ("execs/s", _throughput()),
+            ("p50 ms", _latency("latency", "p50")),
+            ("p95 ms", _latency("latency", "p95")),
+            ("p99 ms", _latency("latency", "p99")),
+            _ERRORS,
+            _OTHER,
+            *_RATIOS,
+            ("x host-spawn", _times(FLOORS["spawn"])),
+        ),
+    ),
+    Section(
+        "lifecycle",
+        lambda run: (
+            "`count` sandboxes per point, each created (until ready for a command) and then "
+            "removed, by `conc` workers. sandboxes/s counts complete create+remove cycles."
+        ),
+        (
+            _SYSTEM_POOL,
+            ("conc", _param("concurrency")),
+            ("count", _param("count")),
+            ("sandboxes/s", _throughput()),
+            ("create p50 ms", _latency("create", "p50")),
+            ("p95", _latency("create", "p95")),
+            ("p99", _latency("create", "p99")),
+            ("remove p50 ms", _latency("remove", "p50")),
+            ("p95", _latency("remove", "p95")),
+            ("p99", _latency("remove", "p99")),
+            _ERRORS,
+            _OTHER,
+            _LEFTOVERS,
+            *_RATIOS,
+        ),
+    ),
+    Section(
+        "rollout",
+        lambda run: (
+            "`R` rollouts by `C` workers; a rollout is create, 5 x the Python command, write a "
+            "4 KiB file, read it back (compared), remove. Latency is per whole rollout; phase "
+            "columns are per call. Leftovers: containers of the run still present when the point "
+            "ended (and after the worker exited, if different)."
+        ),
+        (
+            _SYSTEM_POOL,
+            ("R", _param("rollouts")),
+            ("C", _param("concurrency")),
+            ("rollouts/s", _throughput()),
+            ("p50 ms", _latency("latency", "p50")),
+            ("p95 ms", _latency("latency", "p95")),
+            ("p99 ms", _latency("latency", "p99")),
+            ("create p50", _latency("create", "p50", "phases")),
+            ("exec p50", _latency("exec", "p50", "phases")),
+            ("remove p50", _latency("remove", "p50", "phases")),
+            _ERRORS,
+            _OTHER,
+            _LEFTOVERS,
+            *_RATIOS,
+        ),
+    ),
+    Section(
+        "scale",
+        lambda run: (
+            "Grow to each size in turn, keeping every sandbox alive; at each size: seconds since "
+            "the start, creates/s of that step, host memory per live sandbox (MemAvailable "
+            "delta), Docker's own resident memory per sandbox (dockerd + containerd + shims, "
+            "delta), and the latency of Python execs on random live sandboxes (4 at a time)."
+        ),
+        (
+            _SYSTEM,
+            ("N", _param("sandboxes")),
+            ("live", _scale_live),
+            ("s to reach", lambda m, index: _fmt(_result(m).get("seconds_to_reach"), 1)),
+            ("creates/s", lambda m, index: _fmt(_result(m).get("rate"))),
+            ("MiB/sandbox (host)", lambda m, index: _fmt(_result(m).get("memory_per_sandbox_mib"))),
+            ("MiB/sandbox (engine RSS)", _engine_rss),
+            ("exec p50 ms", _latency("exec_latency", "p50")),
+            ("exec p95 ms", _latency("exec_latency", "p95")),
+            _ERRORS,
+            _OTHER,
+        ),
+        _teardowns,
+    ),
+    Section(
+        "overhead",
+        lambda run: (
             'No-op execs (`["true"]`) through a Session on `asyncsandbox.testing.FakeBackend`, '
             "one sandbox, `conc` tasks: the runtime's own cost per call (validation, limits, "
             "bounded output buffers, metrics, the backend contract), apart from any engine. "
             "structlog is configured at WARNING (per-call debug events are filtered out)."
         ),
-        "",
-        *_table(["library", "conc", "execs/s", "p50 us", "p99 us", "target ≥ 20,000/s"], rows),
-        "",
-    ]
+        (
+            ("library", _param("library")),
+            ("conc", _param("concurrency")),
+            ("execs/s", _throughput(status_in_bold=True)),
+            ("p50 us", _overhead_us("p50")),
+            ("p99 us", _overhead_us("p99")),
+            ("target ≥ 20,000/s", lambda m, index: _verdict(_metric(m, "throughput"), 20_000)),
+        ),
+    ),
+)
+"""The workloads' tables, in :data:`WORKLOAD_ORDER`."""
 
 
 def _us(seconds: float | None) -> float | None:
@@ -595,6 +586,14 @@ def _targets(run: dict[str, Any], index: Index) -> list[str]:
             f"- fast path off, rollouts within 10% of raw aiodocker: {_x(ratio)} → "
             f"{_verdict(ratio, 0.9)}"
         )
+    for m in _ms_of("rollout", run):
+        if m["system"] == "asyncsandbox-ray" and m["params"]["concurrency"] in (16, 32):
+            ratio = index.ratio(m, RAY_DIRECT)
+            lines.append(
+                f"- Ray rollouts ≥ 0.9x the nodes' backend directly ({RAY_DIRECT}), "
+                f"R={m['params']['rollouts']}, C={m['params']['concurrency']}: {_x(ratio)} → "
+                f"{_verdict(ratio, 0.9)}"
+            )
     execs = _ms_of("exec", run)
 
     def peak(system: str) -> float | None:
@@ -719,18 +718,12 @@ def render(run: dict[str, Any], *, link_prefix: str = "", log: bool = True) -> s
     ]
     lines += _headlines(run, index)
     lines += _targets(run, index)
-    sections: dict[str, Callable[[dict[str, Any], Index], list[str]]] = {
-        "exec": _exec_section,
-        "lifecycle": _lifecycle_section,
-        "rollout": _rollout_section,
-        "scale": _scale_section,
-        "overhead": _overhead_section,
-    }
+    sections = {section.workload: section for section in SECTIONS}
     for workload in WORKLOAD_ORDER:
-        section = sections[workload](run, index)
-        lines += section
+        lines += sections[workload].render(run, index)
         for plot in run.get("plots", {}).get(workload, []):
             lines += [f"![{Path(plot).stem}]({link_prefix}{plot})", ""]
+    lines += _ray_section(run, index)
     problems = [m for m in run["measurements"] if m["status"] not in ("ok",)]
     errors = [
         m for m in run["measurements"]

@@ -46,7 +46,7 @@ MEMORY = 1024 * 1024 * 1024
 PIDS = 512
 LIFETIME = "3600"  # seconds; the containers end themselves if everything else fails
 
-Kind = Literal["docker", "process", "host"]
+Kind = Literal["docker", "process", "host", "ray"]
 ALL_WORKLOADS = frozenset({"exec", "lifecycle", "rollout", "scale"})
 SANDBOX_WORKLOADS = frozenset({"lifecycle", "rollout", "scale"})
 
@@ -69,6 +69,8 @@ class Config:
     unbounded_live: bool = False
     """asyncsandbox: lift ``Limits.max_live`` (the scale workload goes past its 512)."""
     pool_size: int = 16
+    ray_address: str | None = None
+    """A running Ray cluster for ``asyncsandbox-ray`` (None: it starts one of its own)."""
 
 
 class System(ABC):
@@ -407,6 +409,69 @@ class AsyncsandboxProcessNative(AsyncsandboxProcess):
 
 class AsyncsandboxProcessFast(AsyncsandboxProcess):
     options = {"isolation": "native", "fast_path": True}  # noqa: RUF012
+
+
+class AsyncsandboxRay(Asyncsandbox):
+    """``Session("ray")``: each sandbox on a node of a Ray cluster, through the node's agent
+    actor, which runs it with the process backend (as ``asyncsandbox-process`` does, in
+    the driver itself). Unless ``--ray-address`` names a cluster, the system starts one of
+    its own on this machine for the job (a head and two workers of one CPU each, in the
+    worker's process group, so that they die with it) and stops it at the end."""
+
+    def __init__(self, name: str, config: Config) -> None:
+        try:
+            from asyncsandbox_ray.testing import LocalCluster
+        except ImportError as exc:
+            raise Unavailable("asyncsandbox-ray is not installed (uv sync)") from exc
+        self._cluster: LocalCluster | None = None
+        self._nodes: list[str] = []
+        super().__init__(name, config, lambda: "ray")
+
+    async def __aenter__(self) -> Self:
+        from asyncsandbox_ray.testing import LocalCluster
+
+        if self.config.ray_address is None:
+            cluster = LocalCluster(own_groups=False)
+            self._cluster = cluster
+
+            def start() -> None:
+                cluster.start_node("head", head=True)
+                cluster.start_node("w1")
+                cluster.start_node("w2")
+
+            await anyio.to_thread.run_sync(start)
+            self._backend_options = cluster.backend_options()
+            self.notes.append("a local Ray cluster: a head and two workers, one CPU each")
+        else:
+            self._backend_options = {"address": self.config.ray_address}
+        return await super().__aenter__()
+
+    async def ready(self) -> None:
+        # The first sandbox of a node starts the node's agent (seconds): not measured.
+        import ray
+
+        nodes = await anyio.to_thread.run_sync(ray.nodes)
+        self._nodes = [str(n["NodeID"]) for n in nodes if n.get("Alive")]
+        sandboxes = [await self.create() for _ in self._nodes]  # placement spreads them
+        for sandbox in sandboxes:
+            await self.remove(sandbox)
+
+    async def aclose(self) -> None:
+        try:
+            await super().aclose()
+        finally:
+            import ray
+
+            await anyio.to_thread.run_sync(ray.shutdown)
+            if self._cluster is not None:
+                await anyio.to_thread.run_sync(self._cluster.stop)
+                for node in self._nodes:  # the nodes' sandbox roots (empty unless leftovers)
+                    shutil.rmtree(f"/var/lib/asyncsandbox/ray-{node[:16]}", ignore_errors=True)
+
+    async def count_leftovers(self) -> int | None:
+        held = int(self.session.statistics().live.active)
+        tag = f"{_daemon.TAG_PREFIX}{self.config.run_id}"
+        return max(0, len(await self.session.list(tags=[tag])) - held)
 
 
 def process_leftovers(root: str) -> int | None:
@@ -756,6 +821,16 @@ SYSTEMS: dict[str, SystemInfo] = {
         "command (isolation='native', fast_path=True)",
         AsyncsandboxProcessFast,
     ),
+    "asyncsandbox-ray": SystemInfo(
+        "asyncsandbox-ray",
+        "ray",
+        frozenset({"exec", "lifecycle", "rollout"}),
+        'Session("ray") on a local Ray cluster (a head and two workers of one CPU each, '
+        "started for the job) or --ray-address: each call goes to the sandbox's node agent, "
+        "which runs it on the process backend; compare with asyncsandbox-process, the same "
+        "backend in the driver",
+        AsyncsandboxRay,
+    ),
     "raw-aiodocker": SystemInfo(
         "raw-aiodocker",
         "docker",
@@ -797,6 +872,8 @@ SYSTEMS: dict[str, SystemInfo] = {
 
 DOCKER_SYSTEMS = tuple(name for name, info in SYSTEMS.items() if info.kind == "docker")
 FLOORS = {"api": "raw-aiodocker", "spawn": "host-spawn"}
+RAY_DIRECT = "asyncsandbox-process"
+"""What Ray's hop is measured against: the nodes' backend, run in the driver itself."""
 BASELINE = "docker-py"
 
 

@@ -31,6 +31,7 @@ from asyncsandbox import (
     SandboxDefaults,
     SandboxDied,
     Session,
+    Timeouts,
     WarmPool,
 )
 from asyncsandbox.testing import CHECKS, Check
@@ -260,8 +261,9 @@ async def test_a_slow_reader_is_not_a_stalled_executor() -> None:
     behind a command whose output nobody reads for longer than that are not silence."""
     tag = unique()
     s = Session(
-        DockerBackend(default_image=IMAGE, call_deadline=2),
+        DockerBackend(default_image=IMAGE),
         defaults=SandboxDefaults(tags=(tag,)),
+        timeouts=Timeouts(operation=2),
         sweep=False,
     )
     marker = unique_marker()
@@ -393,6 +395,12 @@ async def test_max_lifetime_is_enforced_inside_the_container() -> None:
         report = await s.gc()
         assert (sb.id, "max lifetime exceeded") in [(info.id, reason) for info, reason in report]
     assert containers(f"asyncsandbox.tag.{tag}") == []
+
+
+def test_call_deadline_is_gone_with_a_clear_error() -> None:
+    """Engine API calls are bounded by Timeouts.operation: the old knob says so."""
+    with pytest.raises(InvalidArgument, match=r"Timeouts\(operation=5\)"):
+        DockerBackend(call_deadline=5)
 
 
 async def test_image_errors_are_clear() -> None:

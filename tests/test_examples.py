@@ -69,8 +69,8 @@ def progress_lines(out: str) -> list[str]:
 def test_every_example_documents_how_to_run_it(script: str) -> None:
     docstring = ast.get_docstring(ast.parse((EXAMPLES / script).read_text())) or ""
     assert f"uv run examples/{script}" in docstring
-    readme = (EXAMPLES.parent / "README.md").read_text()
-    assert f"`uv run examples/{script}" in readme
+    listed = (EXAMPLES.parent / "docs" / "examples.md").read_text()  # the README links it
+    assert f"`uv run examples/{script}" in listed
 
 
 # -- reward_function.py ---------------------------------------------------------------------
@@ -606,7 +606,7 @@ def test_swe_task_env_with_an_openai_endpoint(process_root: Path, tmp_path: Path
 def test_mcp_client(process_root: Path) -> None:
     out, _ = run_example("mcp_client.py", root=process_root)
     assert out.splitlines() == [
-        "Tools: bash, read_file, write_file, str_replace_editor",
+        "Tools: bash, read_file, write_file, str_replace_editor, run_code",
         "> write_file: Wrote 67 bytes to primes.py.",
         "> bash (error): exit=1 ... SyntaxError: '(' was never closed",
         (

@@ -6,6 +6,7 @@ gone (client gone, SIGTERM)."""
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -26,7 +27,7 @@ from mcp.client.streamable_http import streamable_http_client
 from asyncsandbox import SandboxInfo, Session
 from asyncsandbox.tools import Toolbox
 
-from ._support import eventually_async
+from ._support import docker_test_image, eventually_async, require_docker
 
 KEY = "mcp-test-key-0123456789abcdef"
 
@@ -171,16 +172,17 @@ def connect(transport: Transport) -> Callable[[], AbstractAsyncContextManager[Cl
 async def test_the_tools_are_the_toolboxs_with_its_schemas_and_mcp_hints(
     connect: Callable[[], AbstractAsyncContextManager[Client]],
 ) -> None:
+    offered = ["bash", "read_file", "write_file", "str_replace_editor", "python"]
     async with Session("process") as session:
-        expected = Toolbox(session.sandbox()).schemas()  # never started: schemas only
+        expected = Toolbox(session.sandbox(), tools=offered).schemas()  # schemas only
     async with connect() as client:
         listed = (await client.list_tools()).tools
-    assert [tool.name for tool in listed] == [s["function"]["name"] for s in expected]
     assert [tool.name for tool in listed] == [
         "bash",
         "read_file",
         "write_file",
         "str_replace_editor",
+        "run_code",  # the Toolbox's python
     ]
     for tool, schema in zip(listed, expected, strict=True):
         assert tool.input_schema == schema["function"]["parameters"]
@@ -190,11 +192,88 @@ async def test_the_tools_are_the_toolboxs_with_its_schemas_and_mcp_hints(
     hints = {t.name: t.annotations for t in listed}
     assert hints["read_file"] is not None
     assert hints["read_file"].read_only_hint is True
-    for name in ("bash", "write_file", "str_replace_editor"):
+    for name in ("bash", "write_file", "str_replace_editor", "run_code"):
         hint = hints[name]
         assert hint is not None
         assert hint.read_only_hint is False
         assert hint.destructive_hint is True
+
+
+async def test_run_code_keeps_its_state_and_returns_errors_with_their_traceback(
+    connect: Callable[[], AbstractAsyncContextManager[Client]],
+) -> None:
+    async with connect() as client:
+        first = await client.call_tool("run_code", {"code": "import math\nx = 6 * 7\nprint(x)"})
+        assert not first.is_error, text(first)
+        assert text(first) == "42\n"
+        shown = await client.call_tool("run_code", {"code": "math.sqrt(x * 2)"})
+        assert text(shown) == "Out: 9.16515138991168\n"
+        failed = await client.call_tool("run_code", {"code": "print('before')\nx / 0"})
+        assert failed.is_error
+        assert (failed.meta or {}).get(INFRASTRUCTURE_ERROR) is None  # the code's doing
+        said = text(failed)
+        assert said.startswith("before\n")
+        assert "Traceback (most recent call last):" in said
+        assert "ZeroDivisionError: division by zero" in said
+        assert text(await client.call_tool("run_code", {"code": "x"})) == "Out: 42\n"
+        unknown = await client.call_tool("python", {"code": "x"})  # the Toolbox's name
+        assert unknown.is_error
+        assert "unknown tool 'python'" in text(unknown)
+
+
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c63f8cfc0f01f0005000201a5a2f0f10000000049454e44ae426082"
+)
+
+
+async def test_run_code_returns_images_as_image_content(
+    connect: Callable[[], AbstractAsyncContextManager[Client]],
+) -> None:
+    """An object's ``_repr_png_`` (no third-party package needed)."""
+    shows_png = f"class Dot:\n    def _repr_png_(self):\n        return {PNG!r}\nDot()"
+    async with connect() as client:
+        result = await client.call_tool("run_code", {"code": shows_png})
+        assert not result.is_error, result
+        said, image = result.content
+        assert isinstance(said, types.TextContent)
+        assert "[image 1: image/png, shown as an image]" in said.text
+        assert isinstance(image, types.ImageContent)
+        assert image.mime_type == "image/png"
+        assert base64.b64decode(image.data) == PNG
+
+
+@pytest.mark.parametrize("backend", ["process", "docker"])
+async def test_run_code_returns_a_matplotlib_figure_as_image_content(
+    process_root: Path, backend: str
+) -> None:
+    """Over stdio, on the process backend (skipped where the sandbox's Python has no
+    matplotlib) and on Docker (the test image has it)."""
+    args: tuple[str, ...] = ()
+    if backend == "docker":
+        require_docker()
+        args = ("--backend", "docker", "--image", docker_test_image())
+    async with stdio_client(process_root, *args) as client:
+        has = await client.call_tool(
+            "run_code",
+            {"code": "import importlib.util\nimportlib.util.find_spec('matplotlib') is None"},
+        )
+        assert not has.is_error, text(has)
+        plot = None
+        if text(has) != "Out: True\n":
+            plot = await client.call_tool(
+                "run_code",
+                {"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()"},
+            )
+    if plot is None:  # (out of the client's task group, which would wrap the skip)
+        pytest.skip("the sandbox's Python has no matplotlib")
+    assert not plot.is_error, plot
+    said, figure = plot.content
+    assert isinstance(said, types.TextContent)
+    assert "[image 1: image/png, shown as an image]" in said.text
+    assert isinstance(figure, types.ImageContent)
+    assert figure.mime_type == "image/png"
+    assert base64.b64decode(figure.data).startswith(b"\x89PNG\r\n\x1a\n")
 
 
 async def test_a_session_keeps_its_files_across_calls(

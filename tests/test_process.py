@@ -35,6 +35,7 @@ from asyncsandbox._process import (
     ProcessAttributes,
     ProcessBackend,
     _backend as process_backend,
+    _isolation,
     _seccomp,
 )
 from asyncsandbox._process._spawn import Pipe
@@ -212,7 +213,7 @@ async def test_fork_bomb_is_contained(process_root: Path) -> None:
     bomb = "b() { b | b & }; (b)"
     async with session(process_root, defaults=defaults) as s, s.sandbox() as sb:
         await sb.exec(["true"])
-        group = sb._handle._cgroup  # type: ignore[union-attr]
+        group = sb._handle._box.cgroup  # type: ignore[union-attr]
         assert group is not None
         with pytest.raises(ExecTimeout):
             # The shell forks once, before the bomb goes off, then `exec`s: a shell that
@@ -387,11 +388,11 @@ async def test_every_mechanism_conforms(mechanism: str, check: Check, process_ro
 def no_mechanism_cached() -> Iterator[None]:
     """The mechanism is chosen once per process: forget it around a test that changes
     what the machine seems to offer."""
-    saved = dict(process_backend._SELECTED)
-    process_backend._SELECTED.clear()
+    saved = dict(_isolation.SELECTED)
+    _isolation.SELECTED.clear()
     yield
-    process_backend._SELECTED.clear()
-    process_backend._SELECTED.update(saved)
+    _isolation.SELECTED.clear()
+    _isolation.SELECTED.update(saved)
 
 
 async def test_refuses_with_what_is_missing(
@@ -405,7 +406,7 @@ async def test_refuses_with_what_is_missing(
     async with session(process_root, backend_options={"isolation": "auto"}) as s:
         assert s.backend.capabilities.isolation.startswith("native")
         assert "seccomp" in s.backend.capabilities.isolation
-    process_backend._SELECTED.clear()
+    _isolation.SELECTED.clear()
 
     def no_libseccomp() -> bytes:
         raise _seccomp.SeccompUnavailable(
@@ -629,15 +630,15 @@ async def test_an_idle_executor_stops_and_the_next_command_starts_one(process_ro
     async with fast_session(process_root, executor_idle=0.3) as s, s.sandbox() as sb:
         assert (await sb.exec(["echo", "one"])).stdout == b"one\n"
         handle: Any = sb._handle
-        first = handle._executor
+        first = handle._path.executor
         assert first is not None
         await eventually_async(
-            lambda: handle._executor is None, within=5, what="the executor stopped when idle"
+            lambda: handle._path.executor is None, within=5, what="the executor stopped when idle"
         )
         with anyio.fail_after(10):
             await first.process.wait()  # it exits once told to
         assert (await sb.exec(["echo", "two"])).stdout == b"two\n"
-        assert handle._executor is not first
+        assert handle._path.executor is not first
 
 
 async def test_a_killed_executor_is_an_infrastructure_error_then_replaced(
@@ -650,7 +651,7 @@ async def test_a_killed_executor_is_an_infrastructure_error_then_replaced(
     async with fast_session(process_root) as s, s.sandbox() as sb:
         await sb.exec(["true"])
         handle: Any = sb._handle
-        launcher = handle._executor.process
+        launcher = handle._path.executor.process
 
         async def kill_when_running() -> None:
             await eventually_async(lambda: processes_with(marker), what="the command runs")

@@ -12,7 +12,9 @@ would corrupt the channel for every context).
 A call's timeout is enforced here: past it the call's kernel is interrupted (SIGINT, as a
 notebook interrupts a cell); the runner kills and restarts a kernel that does not stop
 within :data:`INTERRUPT_GRACE`, and a runner that does not answer even then is killed
-(every context is lost). Cancelling a call does the same before the cancellation goes on.
+(every context is lost). Cancelling a call does the same before the cancellation goes on;
+a context that lost its state meanwhile says so in its next call's execution (the
+cancelled call's, which says it first, is never returned).
 """
 
 from __future__ import annotations
@@ -289,6 +291,9 @@ class Interpreter:
         self._contexts: dict[str, CodeContext] = {}
         """Every context the caller knows of (made, and not removed)."""
         self._locks: dict[str, anyio.Lock] = {}  # one call at a time per context
+        self._unreported: set[str] = set()
+        """Contexts whose state was lost under a call whose caller never saw its
+        execution (cancelled): their next call says so."""
         self._closed = False
 
     # -- the contract --
@@ -314,6 +319,7 @@ class Interpreter:
 
     async def restart_code_context(self, context_id: str) -> None:
         self._known(context_id)
+        self._unreported.discard(context_id)  # asked for: the next call is fresh, as it says
         runner = self._runner
         if runner is None or runner.dead or context_id not in runner.live:
             return  # its interpreter is gone already: the next call starts a fresh one
@@ -340,6 +346,7 @@ class Interpreter:
         finally:
             self._contexts.pop(context_id, None)
             self._locks.pop(context_id, None)
+            self._unreported.discard(context_id)
 
     async def aclose(self) -> None:
         """Stop the runner (every context dies with it). Idempotent.
@@ -381,9 +388,14 @@ class Interpreter:
 
     async def _ensure(self, runner: _Runner, context_id: str) -> bool:
         """Make the context in the runner if it is not there: the default one on first use,
-        one the runner lost (it died) again; return whether its state was lost."""
+        one the runner lost (it died) again; return whether its state was lost (since the
+        last call whose caller saw it)."""
         if context_id in runner.live:
+            if context_id in self._unreported:
+                self._unreported.discard(context_id)
+                return True
             return False
+        self._unreported.discard(context_id)  # said below, by the runner's loss
         known = self._contexts.get(context_id)
         if known is None:
             if context_id != DEFAULT_CONTEXT:
@@ -471,6 +483,8 @@ class Interpreter:
                 if not runner.dead:
                     with anyio.CancelScope(shield=True), suppress(SandboxError):
                         await self._interrupt(runner, call, replies, assembly, None)
+                if assembly.restarted:  # and nobody will read the execution that says so
+                    self._unreported.add(request.context)
                 raise
         return assembly.execution()
 

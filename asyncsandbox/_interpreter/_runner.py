@@ -736,7 +736,7 @@ class Stream:
         self.errors = "surrogateescape"
         self.parts: list[str] = []
         self.size = 0
-        self.lock = threading.RLock()
+        self.lock = threading.RLock()  # re-entered by a signal handler that prints
         self.buffer = RawStream(self)
 
     def write(self, text: str) -> int:
@@ -747,8 +747,9 @@ class Stream:
         with self.lock:
             self.parts.append(text)
             self.size += len(text)
-            if "\n" in text or self.size > 8192:
-                self.flush()
+            full = "\n" in text or self.size > 8192
+        if full:
+            self.flush()
         return len(text)
 
     def writelines(self, lines: Any) -> None:
@@ -756,15 +757,18 @@ class Stream:
             self.write(line)
 
     def flush(self) -> None:
+        # The lock is held to take the text, not to send it: sending may block for as
+        # long as the host reads nothing, and another thread's flush must not wait for it
+        # (the main thread's, reporting an interrupt).
         with self.lock:
             if not self.parts:
                 return
             text, self.parts, self.size = "".join(self.parts), [], 0
-            try:
-                data = text.encode("utf-8", "surrogateescape")
-            except UnicodeEncodeError:
-                data = text.encode("utf-8", "backslashreplace")
-            self.kernel.emit_output(self.kind, data)
+        try:
+            data = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            data = text.encode("utf-8", "backslashreplace")
+        self.kernel.emit_output(self.kind, data)
 
     def fileno(self) -> int:
         return self.fd
@@ -842,7 +846,7 @@ class Kernel:
 
         self.events = events
         self.requests = requests
-        self.lock = threading.Lock()  # one event at a time on the pipe
+        self.lock = threading.Lock()  # one frame at a time on the pipe
         self.threading = threading
         self.main = threading.main_thread()
         self.call: Any = None
@@ -939,20 +943,33 @@ class Kernel:
 
     def emit_output(self, kind: str, data: bytes) -> None:
         """Output of the active call (``stdout`` or ``stderr``), in frames of at most
-        OUTPUT_CHUNK bytes; none between calls."""
-        with self.lock:
-            call = self.call
-            if call is None:
-                return
-            for start in range(0, len(data), OUTPUT_CHUNK):
+        OUTPUT_CHUNK bytes; none between calls. The pipe is taken for one frame at a time:
+        another thread's frames may come between (its error, the call's end: the rest of
+        this output is then dropped, as any output after its call)."""
+        call = self.call
+        for start in range(0, len(data), OUTPUT_CHUNK):
+            with self.lock:
+                if call is None or self.call != call:
+                    return
                 self.send({"type": kind, "call": call}, data[start : start + OUTPUT_CHUNK])
 
     def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
+        """Write one frame whole: an interrupt that comes meanwhile (the write may block
+        for as long as the host reads nothing) waits for its end, then takes effect."""
+        if self.threading.current_thread() is not self.main:
+            # Only the main thread is interrupted (signal handlers run there): another
+            # thread's write must leave its state alone, or an interrupt that comes during
+            # it would be held back from the code until its next output.
+            write_all(self.events, encode(header, payload))
+            return
         interruptible, self.interruptible = self.interruptible, False
         try:
             write_all(self.events, encode(header, payload))
         finally:
             self.interruptible = interruptible
+        if interruptible and self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
 
     def read_request(self) -> tuple[dict[str, Any], bytes]:
         head = self.read_exactly(FRAME.size)
@@ -1092,9 +1109,14 @@ class Kernel:
         tb = exc.__traceback__
         while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell-"):
             tb = tb.tb_next  # from the code's first frame on, not ours
-        ours = {Kernel.on_interrupt.__code__, Kernel.enter.__code__, Kernel.publish_bundle.__code__}
+        ours = {
+            getattr(function, "__func__", function).__code__
+            for owner in (Kernel, Stream, RawStream)
+            for function in vars(owner).values()
+            if hasattr(getattr(function, "__func__", function), "__code__")
+        }
         link = tb
-        while link is not None:  # nor where an interrupt was raised into the code
+        while link is not None:  # nor the runner's, where the code called it (print, display)
             while link.tb_next is not None and link.tb_next.tb_frame.f_code in ours:
                 link.tb_next = link.tb_next.tb_next
             link = link.tb_next
@@ -1153,9 +1175,6 @@ class Kernel:
                 self.send({"type": "result", "call": self.call, "dropped": len(payload)})
             else:
                 self.send({"type": "result", "call": self.call}, payload)
-        if self.pending and self.interruptible and self.threading.current_thread() is self.main:
-            self.pending = False
-            raise KeyboardInterrupt
 
     def bundle(self, obj: Any) -> dict[str, Any]:
         """The formats of ``obj``, by MIME type (binary ones base64-encoded)."""

@@ -35,8 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal, Protocol
 
+from .._errors import BackendUnavailable
+from .._log import get_logger
 from . import _layout, _seccomp
-from ._layout import SANDBOX_UID, SHIM_DIR, Layout
+from ._layout import SANDBOX_UID, SHIM_DIR, HostIds, Layout, rmtree
 
 Mode = Literal["auto", "bwrap", "native", "none"]
 MODES: tuple[Mode, ...] = ("auto", "bwrap", "native", "none")
@@ -504,9 +506,75 @@ def probe(mechanism: Mechanism, layout: Layout) -> str | None:
     return f"{mechanism.name}: {'; '.join(problems)}" if problems else None
 
 
-def scratch_layout(parent: Path, etc: Path, host_ids: _layout.HostIds | None) -> Layout:
+def scratch_layout(parent: Path, etc: Path, host_ids: HostIds | None) -> Layout:
     layout = Layout(
         parent / f".probe-{uuid.uuid4().hex[:8]}", None, "/workspace", "none", etc, host_ids
     )
     _layout.prepare(layout)
     return layout
+
+
+SELECTED: dict[tuple[Mode, bool], Mechanism] = {}
+"""The mechanism each (mode, seccomp) resolved to: probed once per process."""
+
+
+def select(mode: Mode, seccomp: bool, scratch: Path, etc: Path, ids: HostIds | None) -> Mechanism:
+    """The mechanism ``mode`` resolves to on this machine (probed in a throwaway sandbox
+    under ``scratch``, once per process); raise :class:`BackendUnavailable` saying what
+    is missing and how to get it."""
+    key = (mode, seccomp)
+    if key in SELECTED:
+        return SELECTED[key]
+    problems: list[str] = []
+    for candidate in candidates(mode, seccomp=seccomp):
+        if isinstance(candidate, IsolationUnavailable):
+            problems.append(str(candidate))
+            continue
+        layout = scratch_layout(scratch, etc, ids)
+        try:
+            problem = probe(candidate, layout)
+        finally:
+            rmtree(layout.root)
+        if problem is None:
+            SELECTED[key] = candidate
+            return candidate
+        problems.append(problem)
+    if mode in ("auto", "native") and (why := userns_problem()):
+        problems.append(why)
+    hints = [
+        "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)",
+        "or allow unprivileged user namespaces",
+    ]
+    if any(p.startswith("seccomp") for p in problems):
+        hints.append(
+            "or pass backend_options={'seccomp': False} to run without the seccomp filter "
+            "(weaker isolation)"
+        )
+    hints.append(
+        "or pass backend_options={'isolation': 'none'} to run commands on the host without "
+        "any isolation (unsafe for untrusted code)"
+    )
+    raise BackendUnavailable(
+        "the process backend cannot isolate sandboxes on this machine ("
+        + "; ".join(problems)
+        + "). To fix it: "
+        + ", ".join(hints)
+        + ".",
+        retryable=False,
+    )
+
+
+def select_native(
+    chosen: Mechanism, seccomp: bool, scratch: Path, etc: Path, ids: HostIds | None
+) -> Native | None:
+    """The native launcher for resident executors (the fast path), if it runs here:
+    ``chosen`` itself when it is one."""
+    if isinstance(chosen, Native):
+        return chosen
+    try:
+        native = select("native", seccomp, scratch, etc, ids)
+    except BackendUnavailable as exc:
+        get_logger().debug("process.fast_path.unavailable", reason=str(exc))
+        return None
+    assert isinstance(native, Native)
+    return native

@@ -37,7 +37,9 @@ from pathlib import Path
 
 import msgspec
 
-from . import _overlay
+from .._errors import InvalidArgument
+from .._log import get_logger
+from . import _layout, _overlay
 from ._cgroups import SandboxCgroup
 from ._layout import HostIds, Layout, rmtree
 
@@ -107,6 +109,88 @@ def layers_lock(root: Path, *, exclusive: bool = False) -> Iterator[None]:
 
 
 # -- snapshots ---------------------------------------------------------------------------
+
+
+class Snapshots:
+    """The snapshots under a backend's ``root``: taken, found, listed and deleted.
+
+    :param owner: the uid layers belong to, where sandboxes mount them (see
+        :func:`layers_work`); None: snapshots are copies.
+    """
+
+    def __init__(self, root: Path, *, owner: int | None) -> None:
+        self.root = root
+        self.owner = owner
+
+    def directory(self, snapshot_id: str) -> Path:
+        """Where snapshot ``snapshot_id`` is; raise :class:`InvalidArgument` if it is not."""
+        path = directory(self.root, snapshot_id)
+        if path is None or not path.is_dir():
+            raise InvalidArgument(
+                f"no snapshot {snapshot_id!r} in the process backend at {self.root} (it was "
+                "deleted, or taken by another backend)"
+            )
+        return path
+
+    def meta(self, snapshot_id: str) -> SnapshotMeta:
+        meta = read_meta(self.directory(snapshot_id))
+        if meta is None:
+            raise InvalidArgument(f"snapshot {snapshot_id!r} is unreadable")
+        return meta
+
+    def listing(self) -> list[SnapshotMeta]:
+        return listed(self.root)
+
+    def take(
+        self, layout: Layout, meta: SnapshotMeta, cgroup: SandboxCgroup | None, layers: list[str]
+    ) -> None:
+        """Snapshot the sandbox of ``layout`` (started from ``layers``) as ``meta``: see
+        :func:`take`."""
+        target = self.root / SNAPSHOTS / meta.id
+        take(layout, meta, target, cgroup, layers=layers, owner=self.owner)
+
+    def delete(self, snapshot_id: str) -> None:
+        """Delete a snapshot (not its layers: see :meth:`gc`). Idempotent."""
+        path = directory(self.root, snapshot_id)
+        if path is None:
+            raise InvalidArgument(f"{snapshot_id!r} is not a process backend snapshot id")
+        trash = self.root / ".trash" / f"{snapshot_id}-{uuid.uuid4().hex[:6]}"
+        with contextlib.suppress(FileNotFoundError):
+            path.rename(trash)  # atomic: no sandbox starts from half of it
+            rmtree(trash)
+
+    def gc(self, live: set[str]) -> None:
+        """Delete the layers of no snapshot and not in ``live`` (those live sandboxes mount)."""
+        if self.owner is not None:
+            gc_layers(self.root, live)
+
+
+def layers_work(root: Path, ids: HostIds, owner: int) -> bool:
+    """Whether this kernel mounts idmapped layers (owned by ``owner``) under an overlay, for
+    a sandbox of host ``ids``: tried under ``root``'s trash."""
+    scratch = root / ".trash" / f"probe-{uuid.uuid4().hex[:8]}"
+    layer = scratch / LAYERS / "layer"
+    (layer / "work").mkdir(parents=True)
+    os.chown(layer / "work", owner, owner)
+    layout = Layout(
+        root=scratch / "sandbox",
+        image=None,
+        workdir="/workspace",
+        network="none",
+        etc=Path("/"),
+        host_ids=ids,
+    )
+    try:
+        _layout.prepare(layout, layered=True)
+        mount_layers(layout, ["layer"], owner)
+        return (layout.root / "fs" / "work").stat().st_uid == ids.uid
+    except OSError as exc:
+        get_logger().debug("process.snapshots.copies", reason=str(exc))
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            _overlay.unmount_under(scratch)
+            rmtree(scratch)
 
 
 def take(

@@ -41,20 +41,17 @@ raise ``TypeError`` naming the closest known one.
 
 from .._util import claim_public
 from ._client import (
-    OperationRef,
-    Process,
     Sandbox,
     Session,
-    StreamReader,
     disable_signal_handlers,
     format_bytes,
     format_cpu,
     get_runner,
     list_runners,
-    results,
     set_auth_mode,
-    wait,
 )
+from ._futures import OperationRef, Process, StreamReader, results
+from ._sandbox import wait
 from ._types import (
     CloudOnlyFeatureError,
     CWSandboxAuthenticationError,

@@ -213,12 +213,13 @@ async def test_owner_sigkilled_with_100_live_sandboxes(
 # -- the daemon: slow, wedged, restarting (through the proxy) --------------------------------
 
 
-def proxied(proxy: DockerProxy, target: Target, call_deadline: float = 30.0) -> Target:
-    """``target`` with its backend talking to the daemon through ``proxy``."""
+def proxied(proxy: DockerProxy, target: Target) -> Target:
+    """``target`` with its backend talking to the daemon through ``proxy`` (each Engine API
+    call bounded by the session's ``Timeouts.operation``)."""
     return Target(
         target.name,
         target.tag,
-        lambda: docker_backend(url=proxy.url, call_deadline=call_deadline),
+        lambda: docker_backend(url=proxy.url),
         target.leftovers,
     )
 
@@ -234,9 +235,10 @@ async def cleanup(target: Target) -> None:
 async def test_slow_daemon(docker_target_fixture: Target, socket_dir: Path) -> None:
     target = docker_target_fixture
     async with docker_proxy(socket_dir) as proxy:
-        slow = proxied(proxy, target, call_deadline=4)
+        slow = proxied(proxy, target)
         proxy.set("slow", delay=0.05)  # every answer late: slower, but all correct
-        async with slow.session(retries=NO_RETRIES) as s, s.sandbox() as sb:
+        timeouts = Timeouts(operation=4)
+        async with slow.session(retries=NO_RETRIES, timeouts=timeouts) as s, s.sandbox() as sb:
             assert (await sb.exec(["echo", "slow"], timeout=60)).stdout == b"slow\n"
             await sb.write_file("f", b"data")
             assert await sb.read_file("f") == b"data"
@@ -260,8 +262,8 @@ async def test_wedged_daemon(docker_target_fixture: Target, socket_dir: Path) ->
     target = docker_target_fixture
     deadline = 3.0
     async with docker_proxy(socket_dir) as proxy:
-        wedged = proxied(proxy, target, call_deadline=deadline)
-        timeouts = Timeouts(create=10, remove=10, operation=10, cleanup=10)
+        wedged = proxied(proxy, target)
+        timeouts = Timeouts(create=10, remove=10, operation=deadline, cleanup=10)
         async with wedged.session(retries=NO_RETRIES, timeouts=timeouts) as s:
             sb = await s.sandbox().start()
             proxy.set("blackhole")
@@ -327,9 +329,13 @@ async def test_a_lost_answer_is_never_a_timeout(
     target = docker_target_fixture
     deadline = 2.0
     async with docker_proxy(socket_dir) as proxy:
-        wedged = proxied(proxy, target, call_deadline=deadline)
-        backend = docker_backend(url=proxy.url, call_deadline=deadline, fast_path=fast_path)
-        async with wedged.session(backend=backend, retries=NO_RETRIES) as s, s.sandbox() as sb:
+        wedged = proxied(proxy, target)
+        backend = docker_backend(url=proxy.url, fast_path=fast_path)
+        timeouts = Timeouts(operation=deadline, cleanup=10)
+        async with (
+            wedged.session(backend=backend, retries=NO_RETRIES, timeouts=timeouts) as s,
+            s.sandbox() as sb,
+        ):
             marker = unique_marker()
             command = ["sh", "-c", f"echo up; exec sleep {marker}"]
             async with sb.exec_stream(command, timeout=1.5) as run:
@@ -363,8 +369,8 @@ async def test_daemon_restart_through_proxy(
     work fails typed and fast, creates are BackendUnavailable, then work resumes."""
     target = docker_target_fixture
     async with docker_proxy(socket_dir) as proxy:
-        flaky = proxied(proxy, target, call_deadline=10)
-        async with flaky.session(retries=NO_RETRIES) as s:
+        flaky = proxied(proxy, target)
+        async with flaky.session(retries=NO_RETRIES, timeouts=Timeouts(operation=10)) as s:
             sandboxes = [await s.sandbox().start() for _ in range(3)]
             errors: list[BaseException] = []
             marker = unique_marker()
@@ -405,9 +411,9 @@ async def test_lost_create_answers_leak_nothing(
     swallowed): the create fails typed within its deadline, and no container is left."""
     target = docker_target_fixture
     async with docker_proxy(socket_dir) as proxy:
-        lossy = proxied(proxy, target, call_deadline=3)
+        lossy = proxied(proxy, target)
         getattr(proxy, mode)("/containers/create")
-        async with lossy.session(retries=NO_RETRIES) as s:
+        async with lossy.session(retries=NO_RETRIES, timeouts=Timeouts(operation=3)) as s:
             started = time.monotonic()
             with pytest.raises(InfrastructureError) as info:
                 await s.sandbox().start()
@@ -477,8 +483,12 @@ async def test_lone_file_operation_on_a_wedged_daemon(
     target = docker_target_fixture
     try:
         async with docker_proxy(socket_dir) as proxy:
-            wedged = proxied(proxy, target, call_deadline=3)
-            async with wedged.session(retries=NO_RETRIES) as s, s.sandbox() as sb:
+            wedged = proxied(proxy, target)
+            timeouts = Timeouts(operation=3)
+            async with (
+                wedged.session(retries=NO_RETRIES, timeouts=timeouts) as s,
+                s.sandbox() as sb,
+            ):
                 proxy.set("blackhole")
                 started = time.monotonic()
                 try:

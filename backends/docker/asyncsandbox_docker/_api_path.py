@@ -37,7 +37,6 @@ from ._sandbox import Container, Path
 log = get_logger("asyncsandbox.docker")
 
 AGENT = files(__package__).joinpath("_agent.py").read_text()
-KILL_DEADLINE = 15.0
 CHUNK = 256 * 1024
 MODE_DIR = 1 << 31  # Go's os.ModeDir, as in X-Docker-Container-Path-Stat
 MODE_SYMLINK = 1 << 27
@@ -236,7 +235,7 @@ class ApiPath(Path):
 
     async def _kill(self, token: str) -> bool:
         """Kill the command run under ``token`` (and its whole tree). True once confirmed."""
-        with anyio.move_on_after(KILL_DEADLINE):
+        with anyio.move_on_after(self._engine.timeouts.cleanup):
             try:
                 exec_id = await self._new_exec(
                     ["python3", "-I", "-S", "-c", AGENT, "kill", token], {}, stdin=False

@@ -4,7 +4,6 @@ is the handle's (``_sandbox.py``), by the path chosen here when it is created or
 from __future__ import annotations
 
 import builtins
-import contextlib
 import json
 import uuid
 from collections import defaultdict
@@ -30,18 +29,8 @@ from ._api_path import AGENT, ApiPath
 from ._engine import Engine
 from ._executor import Executor
 from ._fast_path import FastPath
-from ._sandbox import (
-    DELETED,
-    SNAPSHOT_LABEL,
-    SNAPSHOT_OWNER_LABEL,
-    Container,
-    DockerAttributes,
-    DockerSandbox,
-    OomKills,
-    Path,
-    info,
-    snapshot_ref,
-)
+from ._sandbox import Container, DockerAttributes, DockerSandbox, OomKills, Path, info
+from ._store import SNAPSHOT_LABEL, Store
 
 __all__ = ("DockerAttributes", "DockerBackend")
 
@@ -74,8 +63,9 @@ class DockerBackend(Backend):
     :param default_image: the image when ``SandboxDefaults.image`` is None.
     :param user: ``"sandbox"`` (uid 1000) or ``"root"`` for images that expect root.
     :param pull: ``"missing"`` pulls images not present locally; ``"never"`` refuses.
-    :param call_deadline: seconds any single Engine API call may take; a container whose
-        calls exceed it is reported lost (:class:`SandboxDied`) and left to the sweep.
+    :param call_deadline: removed: every Engine API call is bounded by the Session's
+        ``Timeouts.operation`` (a container whose calls exceed it is reported lost,
+        :class:`SandboxDied`, and left to the sweep); kills by ``Timeouts.cleanup``.
     :param max_connections: size of the connection pool to the daemon (each sandbox's
         executor holds one connection).
     :param fast_path: run commands and file operations through a resident executor in each
@@ -99,11 +89,17 @@ class DockerBackend(Backend):
         default_image: str = "python:3.12-slim",
         user: Literal["sandbox", "root"] = "sandbox",
         pull: Literal["missing", "never"] = "missing",
-        call_deadline: float = 30.0,
+        call_deadline: float | None = None,
         max_connections: int = 4096,
         fast_path: bool = True,
         recyclable: bool = False,
     ) -> None:
+        if call_deadline is not None:
+            raise InvalidArgument(
+                "DockerBackend(call_deadline=...) is gone: each Engine API call is bounded by "
+                "the Session's Timeouts.operation: Session(..., "
+                f"timeouts=Timeouts(operation={call_deadline!r}))"
+            )
         if user not in ("sandbox", "root"):
             raise InvalidArgument(f"user must be 'sandbox' or 'root', got {user!r}")
         if pull not in ("missing", "never"):
@@ -118,7 +114,8 @@ class DockerBackend(Backend):
         self.recyclable = recyclable
         self.user = user
         self.pull = pull
-        self.engine = Engine(url, call_deadline=call_deadline, max_connections=max_connections)
+        self.engine = Engine(url, max_connections=max_connections)
+        self.store = Store(self.engine)
         self._image_locks: dict[str, anyio.Lock] = defaultdict(anyio.Lock)
         self._ooms = OomKills()
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -142,7 +139,7 @@ class DockerBackend(Backend):
         return SANDBOX_UID if self.user == "sandbox" else -1
 
     async def __aenter__(self) -> Self:
-        info = await self.engine.open()
+        info = await self.engine.open(self.timeouts)
         log.debug(
             "docker.connected",
             version=info.get("ServerVersion"),
@@ -223,7 +220,7 @@ class DockerBackend(Backend):
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         if spec.snapshot is not None:
-            image = await self._snapshot_image(spec.snapshot)
+            image = await self.store.snapshot_image(spec.snapshot)
         else:
             image = spec.image or self.default_image
             await self._ensure_image(image)
@@ -320,13 +317,20 @@ class DockerBackend(Backend):
             with anyio.CancelScope(shield=True):
                 if executor is not None:
                     await executor.aclose()
-                await self._force_remove(name)
+                await self.store.force_remove(name)
             raise
         container = self._container(name, image, spec.labels)
         # The path is chosen once, here (the fast path hands over to the API path for good
         # if its executor fails later).
         path: Path = ApiPath(container) if executor is None else FastPath(container, executor)
-        return DockerSandbox(self, container, path, snapshot=spec.snapshot, workdir=spec.workdir)
+        return DockerSandbox(
+            self.store,
+            container,
+            path,
+            recyclable=self.recyclable,
+            snapshot=spec.snapshot,
+            workdir=spec.workdir,
+        )
 
     def _container(self, name: str, image: str, labels: Mapping[str, str]) -> Container:
         gid = SANDBOX_UID if self.uid >= 0 else -1
@@ -334,62 +338,11 @@ class DockerBackend(Backend):
 
     # -- snapshots: images committed from containers ---------------------------------------
 
-    async def _snapshot_image(self, snapshot_id: str) -> str:
-        image = snapshot_ref(snapshot_id)
-        try:
-            await self.engine.call("GET", f"images/{image}/json")
-        except SandboxError as exc:
-            if "no such image" in str(exc).lower():
-                raise InvalidArgument(
-                    f"no snapshot {snapshot_id!r} in this Docker engine (it was deleted, or "
-                    "taken by another backend)"
-                ) from None
-            raise
-        return image
-
     async def list_snapshots(self) -> builtins.list[SnapshotInfo]:
-        images = await self.engine.call(
-            "GET", "images/json", params={"filters": {"label": [SNAPSHOT_LABEL]}}
-        )
-        listed = []
-        for image in images:
-            labels = image.get("Labels") or {}
-            snapshot_id = labels.get(SNAPSHOT_LABEL, "")
-            try:
-                taken_with = json.loads(labels.get(SNAPSHOT_OWNER_LABEL) or "{}")
-            except ValueError:
-                taken_with = {}
-            if snapshot_id and isinstance(taken_with, dict):
-                listed.append(
-                    SnapshotInfo(id=snapshot_id, labels=taken_with, created_at=image.get("Created"))
-                )
-        return listed
+        return await self.store.list_snapshots()
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        image = snapshot_ref(snapshot_id)
-        try:
-            await self.engine.call("DELETE", f"images/{image}")
-            return
-        except SandboxError as exc:
-            message = str(exc).lower()
-            if "no such image" in message:
-                return
-            if "(409)" not in message:
-                raise
-        # Containers started from it still run: it goes once the last one does. Until
-        # then it is renamed, so that no new sandbox starts from it.
-        name, _, tag = image.partition(":")
-        await self.engine.call(
-            "POST", f"images/{image}/tag", params={"repo": name, "tag": DELETED + tag}
-        )
-        await self.engine.call("DELETE", f"images/{image}")
-
-    async def _forget_deleted_snapshot(self, snapshot_id: str) -> None:
-        """After a sandbox of ``snapshot_id`` went: delete the snapshot's image if it was
-        deleted while in use and nothing uses it any more."""
-        name, _, tag = snapshot_ref(snapshot_id).partition(":")
-        with contextlib.suppress(SandboxError):  # still in use, or never deleted
-            await self.engine.call("DELETE", f"images/{name}:{DELETED}{tag}")
+        await self.store.delete_snapshot(snapshot_id)
 
     async def _executor_failure(self, name: str, executor: Executor) -> str | None:
         """Why the executor of container ``name`` did not start. Its stderr says why, but
@@ -406,28 +359,13 @@ class DockerBackend(Backend):
             return "exec python3 failed: not found (the container's init exited 127)"
         return failure
 
-    async def _force_remove(self, name: str) -> bool:
-        """Remove a container, whatever its state; False if that could not be confirmed."""
-        try:
-            await self.engine.call(
-                "DELETE", f"containers/{name}", params={"force": True, "v": True}, sandbox_id=name
-            )
-        except SandboxNotFound:
-            pass
-        except SandboxError as exc:
-            if "already in progress" in str(exc):
-                return True
-            log.warning("docker.remove.failed", sandbox_id=name, error=str(exc))
-            return False
-        return True
-
     async def attach(self, sandbox_id: str) -> SandboxHandle:
         data = await self.engine.call("GET", f"containers/{sandbox_id}/json", sandbox_id=sandbox_id)
         labels = data.get("Config", {}).get("Labels") or {}
         if OWNER_LABEL not in labels:
             raise SandboxNotFound(sandbox_id, f"{sandbox_id!r} is not an asyncsandbox container")
         container = self._container(data["Name"].lstrip("/"), data["Config"]["Image"], labels)
-        return DockerSandbox(self, container, ApiPath(container))
+        return DockerSandbox(self.store, container, ApiPath(container), recyclable=self.recyclable)
 
     async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
         selectors = [OWNER_LABEL] + [f"{k}={v}" if v else k for k, v in labels.items()]

@@ -38,6 +38,7 @@ from asyncsandbox import (
     SandboxError,
     SandboxFileError,
     SandboxNotFound,
+    Timeouts,
 )
 
 INFO_DEADLINE = 10.0
@@ -53,11 +54,13 @@ _OVERLOADED = ("too many open files", "resource temporarily unavailable", "try a
 class Engine:
     """A connection pool to one Docker daemon."""
 
-    def __init__(self, url: str | None, *, call_deadline: float, max_connections: int) -> None:
+    def __init__(self, url: str | None, *, max_connections: int) -> None:
         # DOCKER_HOST wins over a docker context, as for the docker CLI (aiodocker would
         # read a context first).
         self._url = url if url is not None else (os.environ.get("DOCKER_HOST") or None)
-        self.call_deadline = call_deadline
+        self.timeouts = Timeouts()
+        """The backend's deadlines (set by :meth:`open`): ``operation`` bounds each call
+        (a container whose calls exceed it is reported lost), ``cleanup`` each kill."""
         self._max_connections = max_connections
         self._docker: aiodocker.Docker | None = None
         self.wedged = False
@@ -75,8 +78,10 @@ class Engine:
         """The daemon's address, as aiodocker composes URLs with it."""
         return self.docker.docker_host
 
-    async def open(self) -> dict[str, Any]:
-        """Connect and check that the daemon answers ``info``; return that answer."""
+    async def open(self, timeouts: Timeouts) -> dict[str, Any]:
+        """Connect and check that the daemon answers ``info``; return that answer. Calls
+        are bounded by ``timeouts`` from now on."""
+        self.timeouts = timeouts
         try:
             docker = await _bounded_client(self._url, self._max_connections)
         except (ValueError, OSError, AssertionError, aiodocker.DockerError) as exc:
@@ -115,16 +120,20 @@ class Engine:
             retryable=False,
         )
 
-    async def diagnose(self, what: str, sandbox_id: str | None) -> SandboxError:
-        """A call ran out of time: is the container lost, or the whole daemon?"""
+    async def diagnose(
+        self, what: str, sandbox_id: str | None, seconds: float | None = None
+    ) -> SandboxError:
+        """A call ran out of time (``seconds``; default: ``timeouts.operation``): is the
+        container lost, or the whole daemon?"""
         try:
             await self.info(deadline=5.0)
         except BackendUnavailable as exc:
             return exc
-        seconds = self.call_deadline
+        seconds = self.timeouts.operation if seconds is None else seconds
+        within = "in time" if seconds is None else f"within {seconds:g}s"
         if sandbox_id is None:
-            return BackendUnavailable(f"Docker did not answer {what} within {seconds:g}s")
-        return SandboxDied(sandbox_id, f"lost: Docker did not answer {what} within {seconds:g}s")
+            return BackendUnavailable(f"Docker did not answer {what} {within}")
+        return SandboxDied(sandbox_id, f"lost: Docker did not answer {what} {within}")
 
     async def call(
         self,
@@ -137,14 +146,14 @@ class Engine:
         file_path: str | None = None,
         deadline: float | None = None,
     ) -> Any:
-        """One JSON call, bounded by ``deadline`` (default: the backend's call deadline)."""
-        limit = self.call_deadline if deadline is None else deadline
+        """One JSON call, bounded by ``deadline`` (default: ``timeouts.operation``)."""
+        limit = self.timeouts.operation if deadline is None else deadline
         with anyio.move_on_after(limit):
             with _mapped(f"{method} {path}", sandbox_id, file_path):
                 result = await _query_json(self.docker, method, path, _params(params), body)
             self.wedged = False
             return result
-        raise await self.diagnose(f"{method} {path}", sandbox_id)
+        raise await self.diagnose(f"{method} {path}", sandbox_id, limit)
 
     @asynccontextmanager
     async def raw(
@@ -160,7 +169,10 @@ class Engine:
     ) -> AsyncIterator[Body]:
         """A streaming call: the deadline covers the answer's headers, not the transfer."""
         what = f"{method} {path}"
-        with anyio.move_on_after(self.call_deadline) as scope, _mapped(what, sandbox_id, file_path):
+        with (
+            anyio.move_on_after(self.timeouts.operation) as scope,
+            _mapped(what, sandbox_id, file_path),
+        ):
             response = await _do_query(
                 self.docker,
                 method,
@@ -198,7 +210,7 @@ class Engine:
         """A ``HEAD`` call's answer headers (through aiohttp: aiodocker's requests read an
         error's body, which a ``HEAD`` answer does not have)."""
         docker = self.docker
-        with anyio.move_on_after(self.call_deadline):
+        with anyio.move_on_after(self.timeouts.operation):
             with _mapped(f"HEAD {path}", sandbox_id, file_path):
                 if docker.api_version == "auto":  # resolved by the first versioned call
                     await docker.version()
@@ -256,7 +268,7 @@ class Hijacked:
 
     async def connect(self) -> None:
         """Make the call and take over its connection, within the call deadline."""
-        with anyio.move_on_after(self._engine.call_deadline):
+        with anyio.move_on_after(self._engine.timeouts.operation):
             with _mapped(self._what, self._sandbox_id), _broken(self._what):
                 await self._stream.__aenter__()  # `async with stream` connects (and closes)
             return

@@ -37,7 +37,6 @@ FRAME = struct.Struct(">BII")
 START, STDIN, STDIN_EOF, KILL = 1, 2, 3, 4
 READY, STDOUT, STDERR, EXIT, FAILED = 10, 11, 12, 13, 14
 READY_DEADLINE = 30.0
-KILL_DEADLINE = 10.0
 CHUNK = 256 * 1024
 
 _KILLED = {"returncode": 137, "signal": 9, "oom": False}
@@ -174,7 +173,9 @@ class ShellJob(JobProcess):
     async def _next(self) -> tuple[int, bytes] | None:
         executor = self._job._executor
         while True:
-            deadline = executor._engine.call_deadline
+            deadline = executor._engine.timeouts.operation
+            if deadline is None:  # no limit: wait as long as it takes
+                return await super()._next()
             with anyio.move_on_after(deadline):
                 return await super()._next()
             if executor.silent_for() >= deadline:
@@ -285,7 +286,7 @@ class Executor:
     async def stalled(self) -> SandboxError:
         """Give up on an executor that stopped answering: fail every job waiting on it (the
         sandbox's commands take the Engine API path from now on) and say why."""
-        self._give_up(f"the executor sent nothing for {self._engine.call_deadline:g}s")
+        self._give_up(f"the executor sent nothing for {self.silent_for():.0f}s")
         log.warning("docker.executor.stalled", sandbox_id=self._sandbox_id)
         return await self._engine.diagnose("a file operation", self._sandbox_id)
 
@@ -294,11 +295,15 @@ class Executor:
         if stream is None or self._closed:
             raise self.broken()
         async with self._write_lock:
-            # Shielded (bounded by the call deadline): a frame cut short by a
-            # cancellation would corrupt the stream for every job of the sandbox.
+            # Shielded (bounded by the call deadline, or by the cleanup deadline where calls
+            # have none): a frame cut short by a cancellation would corrupt the stream for
+            # every job of the sandbox.
+            timeouts = self._engine.timeouts
             with (
                 anyio.CancelScope(shield=True),
-                anyio.move_on_after(self._engine.call_deadline) as scope,
+                anyio.move_on_after(
+                    timeouts.cleanup if timeouts.operation is None else timeouts.operation
+                ) as scope,
             ):
                 try:
                     await stream.write(FRAME.pack(kind, job_id, len(payload)) + payload)
@@ -343,7 +348,7 @@ class Executor:
                     # Shielded and bounded: the command's tree must die before we leave.
                     with (
                         anyio.CancelScope(shield=True),
-                        anyio.move_on_after(KILL_DEADLINE) as scope,
+                        anyio.move_on_after(self._engine.timeouts.cleanup) as scope,
                         contextlib.suppress(SandboxError),
                     ):
                         await self._send(KILL, job_id)

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import time
 import uuid
 from abc import ABCMeta, abstractmethod
 from collections import defaultdict
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -38,19 +37,11 @@ from asyncsandbox.abc import ExitStatus, InteractiveProcess, OutputCallback, San
 from asyncsandbox.log import get_logger
 
 from ._engine import Engine
-
-if TYPE_CHECKING:
-    from ._backend import DockerBackend
+from ._store import SNAPSHOT_LABEL, SNAPSHOT_OWNER_LABEL, Store, snapshot_ref
 
 log = get_logger("asyncsandbox.docker")
 
 OOM_EVENT_GRACE = 0.5
-SNAPSHOT_REPOSITORY = "asyncsandbox-snapshot"
-SNAPSHOT_LABEL = "asyncsandbox.snapshot"
-SNAPSHOT_OWNER_LABEL = "asyncsandbox.snapshot.labels"
-"""The labels a snapshot was taken with (JSON): apart from the image's other labels,
-which a commit copies from the container (its owner's, even for a kept snapshot)."""
-DELETED = "deleted-"  # the tag of a snapshot deleted while sandboxes used it
 _STATES = {
     "created": SandboxStatus.CREATING,
     "running": SandboxStatus.RUNNING,
@@ -86,12 +77,6 @@ ipcrm --all 2>/dev/null
 [ -z "$(ipcs -q -m -s 2>/dev/null | grep '^0x')" ] || { echo "IPC objects remain"; status=1; }
 exit $status
 """
-
-
-def snapshot_ref(snapshot_id: str) -> str:
-    if not re.fullmatch(r"s-[0-9a-f]{12}", snapshot_id):
-        raise InvalidArgument(f"{snapshot_id!r} is not a Docker backend snapshot id")
-    return f"{SNAPSHOT_REPOSITORY}:{snapshot_id}"
 
 
 def info(
@@ -243,16 +228,23 @@ class Path(metaclass=ABCMeta):
 
 
 class DockerSandbox(SandboxHandle):
+    """:param store: the backend's containers and snapshots.
+    :param path: how its commands and files reach the container (chosen by the backend).
+    :param recyclable: whether :meth:`reset` may run (see ``DockerBackend(recyclable=)``).
+    :param snapshot: the snapshot it was started from."""
+
     def __init__(
         self,
-        backend: DockerBackend,
+        store: Store,
         container: Container,
         path: Path,
         *,
+        recyclable: bool,
         snapshot: str | None = None,
         workdir: str = "/workspace",
     ) -> None:
-        self._backend = backend
+        self._store = store
+        self._recyclable = recyclable
         self._container = container
         self._path = path
         self._snapshot = snapshot  # started from it
@@ -331,16 +323,16 @@ class DockerSandbox(SandboxHandle):
                 reason=container.lost.reason,
             )
             return
-        if not await self._backend._force_remove(container.name):
+        if not await self._store.force_remove(container.name):
             raise BackendUnavailable(f"could not remove container {container.name}", retryable=True)
         if self._snapshot is not None:
-            await self._backend._forget_deleted_snapshot(self._snapshot)
+            await self._store.forget_deleted_snapshot(self._snapshot)
 
     async def reset(self) -> None:
         """Kill every process of the sandbox user and empty every tmpfs it can write to
         (``recyclable`` containers: nothing else is writable), through the sandbox's own
         command path; raise unless the script confirms that nothing is left."""
-        if not self._backend.recyclable:
+        if not self._recyclable:
             raise InvalidArgument("only recyclable Docker sandboxes can be reset")
         home = "/home/sandbox"
         output = bytearray()
@@ -387,11 +379,11 @@ class DockerSandbox(SandboxHandle):
                         },
                     },
                     sandbox_id=name,
-                    deadline=self._backend.timeouts.create,
+                    deadline=engine.timeouts.create,
                 )
             await anyio.lowlevel.checkpoint()
         except BaseException:
             with anyio.CancelScope(shield=True), contextlib.suppress(SandboxError):
-                await self._backend.delete_snapshot(snapshot_id)
+                await self._store.delete_snapshot(snapshot_id)
             raise
         return snapshot_id

@@ -21,7 +21,7 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callab
 from contextlib import aclosing, asynccontextmanager, suppress
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import anyio
 import httpx
@@ -39,6 +39,7 @@ from asyncsandbox import (
     SandboxInfo,
     SandboxNotFound,
     SandboxStatus,
+    Timeouts,
 )
 from asyncsandbox.abc import ExitStatus, OutputCallback, SandboxHandle
 from asyncsandbox.log import get_logger
@@ -49,16 +50,14 @@ from ._wire import (
     EndEvent,
     ListedSandbox,
     ProcessConfig,
+    SandboxDetail,
     SendSignal,
     StartRequest,
     StartResponse,
     pid_selector,
 )
 
-if TYPE_CHECKING:
-    from ._backend import E2bBackend
-
-__all__ = ("E2bAttributes", "E2bSandbox", "sandbox_info")
+__all__ = ("E2bAttributes", "E2bSandbox", "Owner", "sandbox_info")
 
 log = get_logger("asyncsandbox.e2b")
 
@@ -190,12 +189,26 @@ class _Process:
             await self._on_output("stderr", stderr)
 
 
+class Owner(Protocol):
+    """What a sandbox asks of the backend that made it (:class:`E2bBackend`, which
+    imports this module: the sandbox knows it by this shape only)."""
+
+    api_url: str
+    timeouts: Timeouts
+
+    async def detail(self, sandbox_id: str) -> SandboxDetail: ...
+
+    async def kill(self, sandbox_id: str) -> None: ...
+
+    async def snapshot_of(self, sandbox_id: str) -> str: ...
+
+
 class E2bSandbox(SandboxHandle):
     """One sandbox of an E2B-compatible API (see the module docstring)."""
 
     def __init__(
         self,
-        backend: E2bBackend,
+        backend: Owner,
         envd: Envd,
         *,
         template: str,

@@ -60,6 +60,9 @@ NAMESPACE = "asyncsandbox"
 NODE_TABLE_TTL = 2.0
 CALL_GRACE = 15.0
 """How long past its own wait a call to a node may take before the node counts as dead."""
+AVOID_FOR = 30.0
+"""Seconds a node whose create failed as unavailable (gone, or its engine down) is not
+chosen, while Ray's node table may still list it as alive."""
 _ID = re.compile(r"r-([0-9a-f]{16})-(.+)")
 
 log = get_logger("asyncsandbox.ray")
@@ -130,7 +133,11 @@ class _Nodes:
     def name(self, node_key: str) -> str:
         return f"asyncsandbox-{node_key}-{self.kind}"
 
+    def cached(self, node_id: str) -> Any | None:
+        return self.actors.get(node_id[:16])
+
     def get_or_create(self, node_id: str) -> Any:
+        """(Blocking: Ray looks the name up in its control plane.)"""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         key = node_id[:16]
@@ -152,6 +159,9 @@ class _Nodes:
             )
             self.actors[key] = actor
         return actor
+
+    def forget(self, node_id: str) -> None:
+        self.actors.pop(node_id[:16], None)
 
     def existing(self, key: str) -> Any | None:
         import ray
@@ -227,7 +237,9 @@ class RayBackend(Backend):
         self._owner = uuid.uuid4().hex
         self._table: list[dict[str, Any]] = []
         self._table_read = -float("inf")
-        self._placed: dict[str, int] = {}  # node id -> live sandboxes of this backend
+        self._table_lock = anyio.Lock()
+        self._placed: dict[str, int] = {}  # node id -> sandboxes of this backend there
+        self._avoid: dict[str, float] = {}  # node id -> until when no sandbox goes there
         self._task_group: anyio.abc.TaskGroup | None = None
 
     @property
@@ -283,59 +295,86 @@ class RayBackend(Backend):
 
     # -- placement -----------------------------------------------------------------------
 
-    def _node_table(self) -> builtins.list[dict[str, Any]]:
+    async def _live_nodes(self) -> builtins.list[dict[str, Any]]:
         """Live nodes, read from Ray's control plane at most every ``NODE_TABLE_TTL``
-        seconds (not once per sandbox); a node that died since fails its create with
-        ``BackendUnavailable`` (retryable), and the runtime's retry places it anew."""
-        now = time.monotonic()
-        if now - self._table_read > NODE_TABLE_TTL:
-            self._table = _alive_nodes()
-            self._table_read = now
+        seconds (not once per sandbox; one reader at a time). A node that died since
+        fails its create with ``BackendUnavailable`` (retryable): it is avoided for
+        ``AVOID_FOR`` seconds, the table is read again, and the runtime's retry places
+        the sandbox anew."""
+        if time.monotonic() - self._table_read > NODE_TABLE_TTL:
+            async with self._table_lock:
+                if time.monotonic() - self._table_read > NODE_TABLE_TTL:
+                    self._table = await anyio.to_thread.run_sync(_alive_nodes)
+                    self._table_read = time.monotonic()
         return self._table
 
-    def _choose(self, spec: SandboxSpec) -> str:
-        # Placement uses the node's custom resources and this backend's count per node;
-        # the sandbox's cpus/memory are enforced by the node's backend, not placed by.
-        candidates = []
-        for node in self._node_table():
-            have = node.get("Resources", {})
-            if all(have.get(k, 0.0) >= v for k, v in self._resources.items()):
-                node_id = node["NodeID"]
-                if self._placed.get(node_id, 0) < self._max_per_node:
-                    candidates.append(node_id)
-        if not candidates:
+    def _capacity(self, node: dict[str, Any]) -> float:
+        """How many sandboxes of this backend the node is worth, relative to others: its
+        amount of the custom resources asked for, per sandbox (the scarcest one), or its
+        CPUs when none were asked for. 0: not a candidate."""
+        have = node.get("Resources", {})
+        wanted = {k: v for k, v in self._resources.items() if v > 0}
+        if any(have.get(k, 0.0) < v for k, v in self._resources.items()):
+            return 0.0
+        if wanted:
+            return float(min(have.get(k, 0.0) / v for k, v in wanted.items()))
+        return float(have.get("CPU", 0.0))
+
+    def _choose(self, table: builtins.list[dict[str, Any]]) -> str:
+        """The node for the next sandbox: the least loaded for its capacity, counting
+        every sandbox this backend placed so far (also those still being created, so a
+        burst of creates spreads by capacity). Synchronous: the caller counts the
+        placement before it awaits anything."""
+        now = time.monotonic()
+        best: tuple[float, str] | None = None
+        for node in table:
+            node_id = str(node["NodeID"])
+            placed = self._placed.get(node_id, 0)
+            if placed >= self._max_per_node or self._avoid.get(node_id, 0.0) > now:
+                continue
+            capacity = self._capacity(node)
+            if capacity > 0 and (best is None or (placed + 1) / capacity < best[0]):
+                best = ((placed + 1) / capacity, node_id)
+        if best is None:
             raise BackendUnavailable(
-                f"no live Ray node has room for a sandbox needing {self._resources or 'nothing'}"
+                f"no live Ray node has room for a sandbox needing {self._resources or 'a CPU'}"
                 f" (max_per_node={self._max_per_node})",
                 retryable=True,
             )
-        return str(min(candidates, key=lambda n: self._placed.get(n, 0)))
+        return best[1]
+
+    def _released(self, node_id: str) -> None:
+        self._placed[node_id] = max(0, self._placed.get(node_id, 0) - 1)
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
-        node_id = await anyio.to_thread.run_sync(self._choose, spec)
-        actor = await anyio.to_thread.run_sync(self._nodes.get_or_create, node_id)
+        node_id = self._choose(await self._live_nodes())
         self._placed[node_id] = self._placed.get(node_id, 0) + 1
         labels = {**spec.labels, OWNER_LABEL: self._owner}
         wire = msgspec.to_builtins(msgspec.structs.replace(spec, labels=labels))
         token = uuid.uuid4().hex
+        actor: Any = None
         try:
             with _ray_errors(None, "create"):
-                await _result(actor.renew.remote(self._owner, self._nodes.lease_ttl), None)
-                local_id = _unwrap(await _result(actor.create.remote(token, wire), None), None)
+                actor = self._nodes.cached(node_id)
+                if actor is None:
+                    actor = await anyio.to_thread.run_sync(self._nodes.get_or_create, node_id)
+                ref = actor.create.remote(token, self._owner, self._nodes.lease_ttl, wire)
+                local_id = _unwrap(await _result(ref, None), None)
         except BaseException as exc:
-            self._placed[node_id] -= 1
+            self._released(node_id)
             if isinstance(exc, BackendUnavailable):  # the node may be gone: look again
+                self._avoid[node_id] = time.monotonic() + AVOID_FOR
                 self._table_read = -float("inf")
-                self._nodes.actors.pop(node_id[:16], None)
-            # Shielded and bounded: a cancelled create leaves nothing behind, so the node
-            # is told to remove what it makes (or made) for this token.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeouts.cleanup):
-                try:
-                    await _result(actor.abandon.remote(token), None)
-                except Exception as exc:  # noqa: BLE001 - the node is gone; so is the sandbox
-                    log.debug("ray.create.abandon_failed", node=node_id, error=repr(exc))
+                self._nodes.forget(node_id)
+            if actor is not None:
+                # Shielded and bounded: a cancelled create leaves nothing behind, so the
+                # node is told to remove what it makes (or made) for this token.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeouts.cleanup):
+                    try:
+                        await _result(actor.abandon.remote(token), None)
+                    except Exception as error:  # noqa: BLE001 - the node is gone; so is the sandbox
+                        log.debug("ray.create.abandon_failed", node=node_id, error=repr(error))
             raise
-        actor.created.remote(token)  # fire and forget: only frees the token
         return RaySandbox(self, actor, node_id, local_id, spec.workdir, spec.env)
 
     async def attach(self, sandbox_id: str) -> SandboxHandle:
@@ -555,5 +594,4 @@ class RaySandbox(SandboxHandle):
         with suppress(SandboxDied):  # its node is gone, and the sandbox with it
             await self._call("remove", wait=self._backend.timeouts.cleanup)
         self._removed = True
-        placed = self._backend._placed
-        placed[self._node_id] = max(0, placed.get(self._node_id, 0) - 1)
+        self._backend._released(self._node_id)

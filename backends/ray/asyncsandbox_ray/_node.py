@@ -10,6 +10,14 @@ and leaves the sandboxes with nobody to sweep them). ``max_restarts=0``: a resta
 actor pinned to a dead node would hold calls pending forever; a dead one fails them at
 once, which the driver reports as :class:`~asyncsandbox.SandboxDied`.
 
+It lives exactly as long as its node: a thread watches the node's raylet through a pidfd
+(readable the moment the raylet exits, reaped or not). When the raylet is gone the node
+is gone, and so are its sandboxes: every call answers that they died, every command is
+killed, the sandboxes are removed, and the process exits within ``EXIT_GRACE`` seconds.
+Ray's own check does not suffice: it counts a raylet that nobody reaped (a zombie, under
+an init that does not reap) as alive, and it kills the actor's children before the actor,
+so a command could end as "its executor went away" instead of "its sandbox died".
+
 Owners hold leases: every owner renews its lease on the nodes it uses; sandboxes whose
 owner's lease ran out are removed by the actor's sweeper (``asyncsandbox gc`` for a
 cluster). A command runs as a task of the actor and its output waits in a bounded buffer
@@ -20,8 +28,11 @@ nobody polled for ``ORPHAN_AFTER`` seconds is killed (its driver is gone).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import select
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,8 +44,10 @@ from asyncsandbox import (
     CodeContext,
     CodeEvent,
     Execution,
+    InfrastructureError,
     InvalidArgument,
     Resources,
+    SandboxDied,
     SandboxError,
     Timeouts,
     create_backend,
@@ -47,6 +60,7 @@ from asyncsandbox.abc import (
     SandboxInterpreter,
     SandboxSpec,
 )
+from asyncsandbox.log import get_logger
 
 from ._wire import WireError, error_to_wire
 
@@ -59,6 +73,13 @@ BUFFER_BYTES = 4 * 1024 * 1024
 """Output a command may have waiting for its driver before it is paused (backpressure)."""
 ORPHAN_AFTER = 30.0
 SWEEP_EVERY = 1.0
+EXIT_GRACE = 5.0
+"""Seconds an agent whose raylet exited spends removing its sandboxes before it exits.
+Its commands die at once (killed first); removal is what takes time (each sandbox's
+cgroup and files), and a node that is gone should not keep its disk. 5 s covers removing
+a few hundred process sandboxes here; what is left after that stays on disk."""
+
+log = get_logger("asyncsandbox.ray.node")
 
 
 def _node_root(node: str) -> Path:
@@ -70,6 +91,61 @@ def _node_root(node: str) -> Path:
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
         base = Path(cache, "asyncsandbox")
     return base / f"ray-{node[:16]}"
+
+
+class Raylet:
+    """The raylet of this worker's node (``RAY_RAYLET_PID``, set by Ray for every worker),
+    watched through a pidfd: it becomes readable when the raylet exits, whether or not
+    anything reaps it. Without a pidfd (Linux < 5.3) ``/proc`` is read instead."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self._fd: int | None = None
+        self._gone = pid is None
+        if pid is not None:
+            try:
+                self._fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                self._gone = True
+            except (AttributeError, OSError):
+                self._fd = None  # no pidfd here: /proc it is
+
+    @classmethod
+    def of_this_worker(cls) -> Raylet | None:
+        pid = os.environ.get("RAY_RAYLET_PID", "")
+        return cls(int(pid)) if pid.isdigit() else None
+
+    def gone(self) -> bool:
+        """Has the raylet exited? (A syscall: cheap enough for every call.)"""
+        if not self._gone:
+            if self._fd is not None:
+                poller = select.poll()
+                poller.register(self._fd, select.POLLIN)
+                self._gone = bool(poller.poll(0))
+            else:
+                self._gone = not _running(self.pid)
+        return self._gone
+
+    def wait(self) -> None:
+        """Block until the raylet exits (run in a thread of its own)."""
+        if self._fd is not None:
+            poller = select.poll()
+            poller.register(self._fd, select.POLLIN)
+            while not poller.poll():
+                pass
+            self._gone = True
+            return
+        while not self.gone():
+            time.sleep(1.0)
+
+
+def _running(pid: int | None) -> bool:
+    """``pid`` exists and is not a zombie (``/proc/<pid>/stat``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2 :][:1] not in (b"Z", b"X")
 
 
 class _Run:
@@ -127,22 +203,99 @@ class NodeAgent:
         self._handles: dict[str, SandboxHandle] = {}
         self._runs: dict[str, _Run] = {}
         self._leases: dict[str, float] = {}
-        self._killed: dict[str, float] = {}
+        self._killed: dict[str, float] = {}  # run ids killed before they started
         self._abandoned: dict[str, float] = {}  # create tokens the driver gave up on
-        self._created: dict[
-            str, str
-        ] = {}  # create token -> sandbox, until acknowledged  # run ids killed before they started
+        self._created: dict[str, tuple[str, float]] = {}  # create token -> (sandbox, when)
         self._started = time.time()
         self._sweeper: asyncio.Task[None] | None = None
         self._interpreters: dict[str, SandboxInterpreter] = {}  # by local id
         self._services: anyio.abc.TaskGroup | None = None
         self._serving: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lost: str | None = None
+        self._closed = threading.Event()
+        self._losing: asyncio.Task[None] | None = None
+        self._raylet = Raylet.of_this_worker()
+        if self._raylet is not None:
+            threading.Thread(
+                target=self._watch_raylet, name="asyncsandbox-raylet-watch", daemon=True
+            ).start()
+
+    # -- the node's end ------------------------------------------------------------------
+
+    def _watch_raylet(self) -> None:
+        """(Its own thread.) Once the raylet exits: the node is gone; clean up on the
+        event loop, and exit within ``EXIT_GRACE`` seconds whatever the loop does."""
+        assert self._raylet is not None
+        self._raylet.wait()
+        loop = self._loop
+        if loop is not None:  # else nothing was ever made here: nothing to clean up
+            with contextlib.suppress(RuntimeError):  # the loop is closed: so are we
+                loop.call_soon_threadsafe(self._start_losing)
+                self._closed.wait(EXIT_GRACE)
+        os._exit(0 if self._closed.is_set() else 1)
+
+    def _start_losing(self) -> None:
+        assert self._loop is not None
+        self._losing = self._loop.create_task(self._lose_node())
+
+    def _node_lost(self) -> str | None:
+        """Why this node is gone (its raylet exited), or None while it is alive."""
+        if self._lost is None and self._raylet is not None and self._raylet.gone():
+            self._lost = f"its Ray node is gone (the raylet, pid {self._raylet.pid}, exited)"
+        return self._lost
+
+    async def _lose_node(self) -> None:
+        """The node is gone: kill every command, remove every sandbox, close."""
+        reason = self._node_lost()
+        log.warning("ray.node.lost", reason=reason, sandboxes=len(self._handles))
+        try:
+            for run in list(self._runs.values()):
+                if run.task is not None:
+                    run.task.cancel()
+            await asyncio.gather(
+                *(run.task for run in self._runs.values() if run.task is not None),
+                return_exceptions=True,
+            )
+            if self._sweeper is not None:
+                self._sweeper.cancel()
+            for local_id in list(self._interpreters):
+                with contextlib.suppress(Exception):  # its sandbox goes next, whatever this did
+                    await self._interpreters.pop(local_id).aclose()
+            backend = self._backend
+            if backend is not None:
+                for info in await backend.list(labels={}):
+                    with contextlib.suppress(SandboxError):
+                        await self._remove(info.id)
+                await backend.aclose()
+        finally:
+            self._closed.set()
+
+    def _died(self, local_id: str) -> WireError:
+        return "died", {"id": local_id, "reason": self._lost or "its Ray node is gone"}
+
+    def _error(self, exc: SandboxError, local_id: str) -> WireError:
+        """``exc`` for the wire; an infrastructure failure on a node that is gone is the
+        sandbox's death (Ray kills an actor's children when its raylet dies: a command
+        then fails as "its executor went away" before the actor itself is killed)."""
+        if (
+            isinstance(exc, InfrastructureError)
+            and not isinstance(exc, SandboxDied)
+            and self._node_lost()
+        ):
+            return self._died(local_id)
+        return error_to_wire(exc)
+
+    # -- the local backend ---------------------------------------------------------------
 
     async def _open(self) -> Backend:
+        if self._backend is not None:
+            return self._backend
         async with self._lock:
             if self._backend is None:
                 import ray
 
+                self._loop = asyncio.get_running_loop()
                 node = ray.get_runtime_context().get_node_id()
                 options = dict(self._options)
                 if self._kind == "process" and "root" not in options:
@@ -183,6 +336,8 @@ class NodeAgent:
             "host": socket.gethostname(),
             "sandboxes": len(self._handles),
             "runs": len(self._runs),
+            "raylet_pid": None if self._raylet is None else self._raylet.pid,
+            "lost": self._node_lost(),
         }
 
     # -- leases and the sweeper ---------------------------------------------------------
@@ -221,56 +376,64 @@ class NodeAgent:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def create(self, token: str, spec: dict[str, Any]) -> Any:
-        """Create a sandbox; ``token`` (the driver's) lets :meth:`abandon` undo it."""
+    async def create(self, token: str, owner: str, ttl: float, spec: dict[str, Any]) -> Any:
+        """Renew ``owner``'s lease and create a sandbox (one round trip); ``token`` (the
+        driver's) lets :meth:`abandon` undo it."""
+        self._leases[owner] = time.time() + ttl
+        if self._node_lost():
+            return "error", ("unavailable", {"message": self._lost, "retryable": True})
         try:
             backend = await self._open()
             spec = dict(spec)
             spec["resources"] = Resources(**spec["resources"])
             handle = await backend.create(SandboxSpec(**spec))
         except SandboxError as exc:
-            return "error", error_to_wire(exc)
+            return "error", self._error(exc, "?")
         self._handles[handle.id] = handle
         if token in self._abandoned:  # the driver gave up while we were creating
             await self._remove(handle.id)
             return "error", ("died", {"id": handle.id, "reason": "create abandoned"})
-        self._created[token] = handle.id
+        # Kept for ORPHAN_AFTER seconds (the sweeper forgets it): a driver cancelled just
+        # as this answer was on its way still finds what to undo.
+        self._created[token] = (handle.id, time.monotonic())
         return "ok", handle.id
 
     async def abandon(self, token: str) -> None:
         """The driver cancelled the create ``token``: remove what it made, now or later."""
         self._abandoned[token] = time.monotonic()
-        local_id = self._created.pop(token, None)
-        if local_id is not None:
-            await self._remove(local_id)
-
-    async def created(self, token: str) -> None:
-        """The driver has the sandbox of create ``token``: forget the token."""
-        self._created.pop(token, None)
+        created = self._created.pop(token, None)
+        if created is not None:
+            await self._remove(created[0])
 
     async def attach(self, local_id: str) -> Any:
+        if self._node_lost():
+            return "error", self._died(local_id)
         try:
             await self._handle(local_id)
         except SandboxError as exc:
-            return "error", error_to_wire(exc)
+            return "error", self._error(exc, local_id)
         return "ok", None
 
     async def list(self, labels: dict[str, str]) -> Any:
+        if self._node_lost():
+            return "error", ("unavailable", {"message": self._lost, "retryable": True})
         try:
             backend = await self._open()
             infos = await backend.list(labels=labels)
         except SandboxError as exc:
-            return "error", error_to_wire(exc)
+            return "error", self._error(exc, "?")
         return "ok", infos
 
     async def inspect(self, local_id: str) -> Any:
         return await self._call(local_id, "inspect")
 
     async def remove(self, local_id: str) -> Any:
+        if self._node_lost():
+            return "ok", None  # gone with its node (and removed by _lose_node)
         try:
             await self._remove(local_id)
         except SandboxError as exc:
-            return "error", error_to_wire(exc)
+            return "error", self._error(exc, local_id)
         return "ok", None
 
     async def _remove(self, local_id: str) -> None:
@@ -289,11 +452,13 @@ class NodeAgent:
     # -- files ---------------------------------------------------------------------------
 
     async def _call(self, local_id: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        if self._node_lost():
+            return "error", self._died(local_id)
         try:
             handle = await self._handle(local_id)
             return "ok", await getattr(handle, method)(*args, **kwargs)
         except SandboxError as exc:
-            return "error", error_to_wire(exc)
+            return "error", self._error(exc, local_id)
 
     async def read_file(self, local_id: str, path: str, max_bytes: int) -> Any:
         return await self._call(local_id, "read_file", path, max_bytes=max_bytes)
@@ -308,6 +473,8 @@ class NodeAgent:
         return await self._call(local_id, "put_archive", path, chunks())
 
     async def get_archive(self, local_id: str, path: str) -> Any:
+        if self._node_lost():
+            return "error", self._died(local_id)
         try:
             handle = await self._handle(local_id)
             out = bytearray()
@@ -315,7 +482,7 @@ class NodeAgent:
                 async for chunk in stream:
                     out += chunk
         except SandboxError as exc:
-            return "error", error_to_wire(exc)
+            return "error", self._error(exc, local_id)
         return "ok", bytes(out)
 
     # -- commands ------------------------------------------------------------------------
@@ -330,14 +497,16 @@ class NodeAgent:
         stdin: bytes | None,
         timeout: float | None,
     ) -> Any:
-        """Start a command; answer with its id and its first poll (a short command's
-        whole outcome, in one round trip)."""
+        """Start a command; answer with its first poll (a short command's whole outcome,
+        output and exit status, in one round trip)."""
         if run_id in self._killed:  # the driver gave up before this call arrived
             return "ok", ([], None, ("died", {"id": local_id, "reason": "cancelled"}))
+        if self._node_lost():
+            return "error", self._died(local_id)
         try:
             handle = await self._handle(local_id)
         except SandboxError as exc:
-            return "error", error_to_wire(exc)
+            return "error", self._error(exc, local_id)
         run = self._runs[run_id] = _Run()
 
         async def command() -> None:
@@ -346,9 +515,13 @@ class NodeAgent:
                     argv, cwd=cwd, env=env, stdin=stdin, on_output=run.output, timeout=timeout
                 )
             except SandboxError as exc:
-                run.error = error_to_wire(exc)
+                run.error = self._error(exc, local_id)
             except asyncio.CancelledError:
-                run.error = ("died", {"id": local_id, "reason": "command killed on the node"})
+                run.error = (
+                    self._died(local_id)
+                    if self._node_lost()
+                    else ("died", {"id": local_id, "reason": "command killed on the node"})
+                )
                 raise
             finally:
                 run.changed.set()
@@ -365,7 +538,9 @@ class NodeAgent:
             return [], None, ("died", {"id": "?", "reason": "the command is unknown on the node"})
         await self._wait(run)
         chunks = run.take()
-        if run.status is None and run.error is None:
+        if not run.ended:
+            if self._node_lost():  # its end is on its way (_lose_node kills it)
+                return chunks, None, self._died("?")
             return chunks, None, None
         del self._runs[run_id]
         status = run.status
@@ -417,19 +592,25 @@ class NodeAgent:
         execution, in one round trip), as :meth:`exec_start` does."""
         if run_id in self._killed:
             return "ok", ([], None, ("died", {"id": local_id, "reason": "cancelled"}))
+        if self._node_lost():
+            return "error", self._died(local_id)
         try:
             interpreter = await self._interpreter(local_id, workdir, env)
         except SandboxError as exc:
-            return "error", error_to_wire(exc)
+            return "error", self._error(exc, local_id)
         run = self._runs[run_id] = _Run()
 
         async def call() -> None:
             try:
                 run.execution = await interpreter.run_code(request, on_event=run.event)
             except SandboxError as exc:
-                run.error = error_to_wire(exc)
+                run.error = self._error(exc, local_id)
             except asyncio.CancelledError:
-                run.error = ("died", {"id": local_id, "reason": "the call was cancelled"})
+                run.error = (
+                    self._died(local_id)
+                    if self._node_lost()
+                    else ("died", {"id": local_id, "reason": "the call was cancelled"})
+                )
                 raise
             finally:
                 run.changed.set()
@@ -446,6 +627,8 @@ class NodeAgent:
         await self._wait(run)
         events = run.take()
         if not run.ended:
+            if self._node_lost():  # its end is on its way (_lose_node kills it)
+                return events, None, self._died("?")
             return events, None, None
         del self._runs[run_id]
         return events, run.execution, run.error
@@ -455,6 +638,8 @@ class NodeAgent:
     ) -> Any:
         """A context operation: ``create`` (cwd, language), ``list``, ``restart`` and
         ``remove`` (context id)."""
+        if self._node_lost():
+            return "error", self._died(local_id)
         try:
             interpreter = await self._interpreter(local_id, workdir, env)
             if op == "create":
@@ -472,7 +657,7 @@ class NodeAgent:
             else:
                 raise InvalidArgument(f"no context operation {op!r}")
         except SandboxError as exc:
-            return "error", error_to_wire(exc)
+            return "error", self._error(exc, local_id)
         return "ok", None
 
     async def _wait(self, run: _Run) -> None:
@@ -484,12 +669,15 @@ class NodeAgent:
                 await asyncio.sleep(LINGER)  # gather a little more per round trip
 
     async def reap_orphans(self) -> int:
-        """Kill commands nobody polled for ``ORPHAN_AFTER`` seconds."""
+        """Kill commands nobody polled for ``ORPHAN_AFTER`` seconds; forget old tokens."""
         now = time.monotonic()
         for table in (self._killed, self._abandoned):
             for key, when in list(table.items()):
                 if now - when > ORPHAN_AFTER:
                     del table[key]
+        for token, (_, when) in list(self._created.items()):
+            if now - when > ORPHAN_AFTER:
+                del self._created[token]
         stale = [rid for rid, run in self._runs.items() if now - run.polled > ORPHAN_AFTER]
         for rid in stale:
             await self.exec_kill(rid)

@@ -5,7 +5,8 @@
   uvicorn), which runs any backend for many tenants.
 """
 
-from ._client import RemoteAttributes as RemoteAttributes, RemoteBackend as RemoteBackend
+from ._client import RemoteBackend as RemoteBackend
+from ._sandbox import RemoteAttributes as RemoteAttributes
 
 __all__ = ("RemoteAttributes", "RemoteBackend")
 

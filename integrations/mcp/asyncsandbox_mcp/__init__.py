@@ -3,8 +3,9 @@
 Each MCP session gets a sandbox of its own, created on its first tool call and removed
 when the session ends (its client leaves or ends it, it stays idle past
 :attr:`McpConfig.idle_timeout`, or the server stops). Its tools are
-:class:`asyncsandbox.tools.Toolbox`'s: the same names, arguments and schemas, with MCP's
-behaviour hints. A tool's failure is a result with ``isError`` (and, when the failure is
+:class:`asyncsandbox.tools.Toolbox`'s: the same names (its ``python``, stateful Python, is
+``run_code``, whose images come back as MCP image content), arguments and schemas, with
+MCP's behaviour hints. A tool's failure is a result with ``isError`` (and, when the failure is
 the infrastructure's rather than the call's, ``_meta["asyncsandbox/infrastructure_error"]``),
 never a protocol error.
 
@@ -13,13 +14,14 @@ application, asyncio) over a :class:`Workspaces` of your own.
 """
 
 from ._cli import main as main
-from ._config import McpConfig as McpConfig
+from ._config import MCP_TOOL_NAMES as MCP_TOOL_NAMES, McpConfig as McpConfig
 from ._http import create_app as create_app, serve_http as serve_http
 from ._server import INFRASTRUCTURE_ERROR as INFRASTRUCTURE_ERROR
 from ._stdio import serve_stdio as serve_stdio
 from ._workspaces import Workspaces as Workspaces
 
 __all__ = (
+    "MCP_TOOL_NAMES",
     "McpConfig",
     "Workspaces",
     "serve_stdio",

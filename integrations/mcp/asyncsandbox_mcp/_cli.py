@@ -15,9 +15,8 @@ from asyncsandbox_remote.server import Tenant, load_tenants
 
 from asyncsandbox import SandboxDefaults, SandboxError, Session
 from asyncsandbox.cli import parse_backend_options
-from asyncsandbox.tools import TOOL_NAMES
 
-from ._config import McpConfig
+from ._config import MCP_TOOL_NAMES, McpConfig
 from ._http import is_loopback, serve_http
 from ._stdio import serve_stdio
 
@@ -29,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="asyncsandbox mcp",
         description=(
             "An MCP server: each session gets its own sandbox and the tools "
-            f"{', '.join(n for n in TOOL_NAMES if n != 'submit')} (some on request)."
+            f"{', '.join(MCP_TOOL_NAMES)} (some on request)."
         ),
     )
     parser.add_argument(
@@ -63,9 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tool",
         action="append",
-        choices=[n for n in TOOL_NAMES if n != "submit"],
+        choices=MCP_TOOL_NAMES,
         help="offer this tool (repeatable; default: bash, read_file, write_file, "
-        "str_replace_editor)",
+        "str_replace_editor, run_code)",
     )
     defaults = McpConfig()
     parser.add_argument(

@@ -11,19 +11,35 @@ from typing import Any
 import msgspec
 
 from asyncsandbox import InvalidArgument
-from asyncsandbox.tools import TOOL_NAMES
 
-__all__ = ("McpConfig",)
+__all__ = ("MCP_TOOL_NAMES", "McpConfig", "toolbox_name")
+
+MCP_TOOL_NAMES = (
+    "bash",
+    "execute_bash",
+    "run_code",
+    "read_file",
+    "write_file",
+    "str_replace_editor",
+)
+"""Every tool the server knows: the :class:`~asyncsandbox.tools.Toolbox`'s own (``submit``
+excepted: an MCP session has no task to grade), its ``python`` named ``run_code`` (the
+name E2B's and the other code-interpreter MCP servers give it)."""
+_DEFAULT_TOOLS = ("bash", "read_file", "write_file", "str_replace_editor", "run_code")
+_TOOLBOX_NAMES = {"run_code": "python"}
+
+
+def toolbox_name(name: str) -> str:
+    """The :class:`~asyncsandbox.tools.Toolbox`'s name of the MCP tool ``name``."""
+    return _TOOLBOX_NAMES.get(name, name)
 
 
 class McpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The MCP server's settings (frozen; unknown fields rejected)."""
 
     tools: tuple[str, ...] | None = None
-    """The tools to offer, a subset of :data:`asyncsandbox.tools.TOOL_NAMES` (``submit``
-    excepted: an MCP session has no task to grade). ``None``: the
-    :class:`~asyncsandbox.tools.Toolbox` default (``bash``, ``read_file``, ``write_file``,
-    ``str_replace_editor``)."""
+    """The tools to offer, in order, a subset of :data:`MCP_TOOL_NAMES`. ``None``:
+    ``bash``, ``read_file``, ``write_file``, ``str_replace_editor`` and ``run_code``."""
     bash_timeout: float = 30.0
     """Seconds a ``bash`` command may run when the call gives no ``timeout``."""
     max_bash_timeout: float = 600.0
@@ -42,8 +58,10 @@ class McpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             if "submit" in self.tools:
                 raise InvalidArgument("the submit tool needs a task's tests; MCP offers none")
             for name in self.tools:
-                if name not in TOOL_NAMES:
-                    raise InvalidArgument(f"unknown tool {name!r}; known: {', '.join(TOOL_NAMES)}")
+                if name not in MCP_TOOL_NAMES:
+                    raise InvalidArgument(
+                        f"unknown tool {name!r}; known: {', '.join(MCP_TOOL_NAMES)}"
+                    )
         if self.max_sessions < 1:
             raise InvalidArgument("max_sessions must be >= 1")
         if self.idle_timeout is not None and not (
@@ -55,7 +73,7 @@ class McpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         """The keyword arguments of :class:`~asyncsandbox.tools.Toolbox` these settings
         give (the Toolbox validates them)."""
         return {
-            "tools": self.tools,
+            "tools": tuple(toolbox_name(name) for name in self.tools or _DEFAULT_TOOLS),
             "bash_timeout": self.bash_timeout,
             "max_bash_timeout": self.max_bash_timeout,
             "max_observation_chars": self.max_observation_chars,

@@ -1,7 +1,8 @@
-"""The MCP server: the :class:`~asyncsandbox.tools.Toolbox`'s tools, same names, same
-arguments, same JSON schemas, over the SDK's low-level :class:`mcp.server.Server` (whose
-handlers take the schemas as given, so there is one definition of each tool's arguments:
-the Toolbox's)."""
+"""The MCP server: the :class:`~asyncsandbox.tools.Toolbox`'s tools, same names (its
+``python`` is ``run_code``), same arguments, same JSON schemas, over the SDK's low-level
+:class:`mcp.server.Server` (whose handlers take the schemas as given, so there is one
+definition of each tool's arguments: the Toolbox's). Images a call produced (``run_code``:
+figures, ``_repr_png_``) follow its text as MCP image content."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
 
+from ._config import MCP_TOOL_NAMES, toolbox_name
 from ._workspaces import Workspaces
 
 __all__ = ("INFRASTRUCTURE_ERROR", "create_server")
@@ -30,6 +32,13 @@ _ANNOTATIONS = {
     ),
     "execute_bash": types.ToolAnnotations(
         title="Run a bash command (directory and variables persist)",
+        read_only_hint=False,
+        destructive_hint=True,
+        idempotent_hint=False,
+        open_world_hint=False,
+    ),
+    "run_code": types.ToolAnnotations(
+        title="Run Python code (variables and imports persist)",
         read_only_hint=False,
         destructive_hint=True,
         idempotent_hint=False,
@@ -66,16 +75,18 @@ SessionKey = Callable[[ServerRequestContext[Any, Any]], str | None]
 
 def create_server(workspaces: Workspaces, session_key: SessionKey, *, version: str) -> Server[Any]:
     """The MCP server over ``workspaces``; ``session_key`` tells the sessions apart."""
+    names = {toolbox_name(name): name for name in MCP_TOOL_NAMES}  # the Toolbox's -> ours
     tools = [
         types.Tool(
-            name=schema["function"]["name"],
+            name=names[schema["function"]["name"]],
             description=schema["function"]["description"],
             input_schema=schema["function"]["parameters"],
-            annotations=_ANNOTATIONS[schema["function"]["name"]],
+            annotations=_ANNOTATIONS[names[schema["function"]["name"]]],
         )
         for schema in workspaces.schemas()
     ]
     schemas = {tool.name: tool.input_schema for tool in tools}
+    offered = ", ".join(schemas)
 
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -99,9 +110,26 @@ def create_server(workspaces: Workspaces, session_key: SessionKey, *, version: s
                 ],
                 is_error=True,
             )
-        result = await workspaces.call(key, params.name, params.arguments)
+        if params.name not in schemas:  # (the Toolbox's own names are not ours)
+            return types.CallToolResult(
+                content=[
+                    types.TextContent(
+                        type="text",
+                        text=f"Error: unknown tool {params.name!r}; the tools are: {offered}",
+                    )
+                ],
+                is_error=True,
+            )
+        result = await workspaces.call(key, toolbox_name(params.name), params.arguments)
+        content: list[types.ContentBlock] = [
+            types.TextContent(type="text", text=result.observation)
+        ]
+        content += [
+            types.ImageContent(type="image", data=image.base64, mime_type=image.mime_type)
+            for image in result.images
+        ]
         return types.CallToolResult(
-            content=[types.TextContent(type="text", text=result.observation)],
+            content=content,
             is_error=result.is_error,
             _meta={INFRASTRUCTURE_ERROR: True} if result.infrastructure_error else None,
         )
