@@ -451,6 +451,7 @@ async def test_image_without_python_is_a_clear_error(
 
 
 @pytest.mark.slow  # 256 rollouts
+@pytest.mark.timeout(900)  # minutes when CI runs three suites on two cores
 async def test_rollouts_at_concurrency_32_leave_nothing() -> None:
     """Done-when: 256 rollouts (create, 5 execs, a file write and read, remove) at
     concurrency 32, zero errors and zero containers left."""
@@ -670,6 +671,7 @@ def test_recyclable_needs_the_sandbox_user() -> None:
 
 
 @pytest.mark.slow  # 64 episodes (the process backend's, in test_state, are not slow)
+@pytest.mark.timeout(600)  # under CI load
 async def test_recycling_under_load_hands_over_no_state() -> None:
     s = Session(
         backend(recyclable=True),

@@ -417,6 +417,7 @@ async def test_an_agent_does_not_outlive_its_raylet(ray_cluster: LocalCluster) -
 ROLLOUTS = int(os.environ.get("ASYNCSANDBOX_RAY_ROLLOUTS", "1000"))
 
 
+@pytest.mark.timeout(900)  # a minute on a quiet machine; several when CI shares it
 async def test_many_rollouts_leave_nothing(ray_cluster: LocalCluster) -> None:
     """ROLLOUTS short rollouts (create, two commands, remove), 16 at a time, over the
     cluster; afterwards no sandbox and no command is left on any node."""

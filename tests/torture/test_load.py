@@ -58,6 +58,7 @@ def sizes(target: str) -> tuple[int, int]:
     return (150, 16) if target == "docker" else (300, 32)
 
 
+@pytest.mark.timeout(900)  # hundreds of rollouts: minutes when CI shares the machine
 @pytest.mark.parametrize("target_name", ["process", "docker"])
 async def test_load_with_chaos(
     target_name: str, request: pytest.FixtureRequest, rng: random.Random
