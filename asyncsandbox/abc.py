@@ -19,6 +19,12 @@ Promises that hold for every method:
 * Cancellation: when a call is cancelled, undo what it started before letting the
   cancellation propagate — a cancelled ``create`` leaves no sandbox, a cancelled ``exec``
   leaves no process — in a shielded scope with a bounded deadline. Never swallow it.
+* A sandbox that is gone (its node or machine died, it was removed or killed from
+  outside, its lifetime ended) raises :class:`~asyncsandbox.SandboxDied` from every
+  method of its handle — a command running when it went, and every later command and
+  file operation — except :meth:`SandboxHandle.inspect` (``SandboxNotFound``) and
+  :meth:`SandboxHandle.remove` (succeeds). See :meth:`SandboxHandle.exec` for what is
+  *not* a dead sandbox.
 
 Backends that can run ``sh`` scripts inside their sandboxes get the four file operations
 from the :class:`ShellFiles` mixin by implementing one method,
@@ -171,7 +177,22 @@ class SandboxHandle(TypedAttributeProvider, metaclass=ABCMeta):
           The call must not wait for them, nor for pipes they hold open.
         * A command that cannot start (no such program, bad ``cwd``) is an exit status as a
           shell gives it (126/127), not an exception.
-        * Raise :class:`~asyncsandbox.SandboxDied` if the sandbox is gone.
+        * Which infrastructure failure is which (a trainer retries in the sandbox after
+          one, and gives the sandbox up after the other):
+
+          - :class:`~asyncsandbox.SandboxDied`: the sandbox is gone (see the module's
+            promises); this command and every later call of the sandbox fail.
+          - A recovered means of running commands is not a dead sandbox. When what runs
+            commands in a sandbox that is still there fails (an executor, an agent or a
+            launcher died, and the next command gets a new one), raise
+            :class:`~asyncsandbox.LaunchError` (``retryable``: the command never ran, and
+            the runtime runs it again) or, if it was cut short while it ran, an
+            :class:`~asyncsandbox.InfrastructureError` (not ``retryable``: it may have
+            done part of its work; running it again in the same sandbox is the caller's
+            choice), and let the next call succeed.
+          - Before raising the latter, look whether the sandbox itself is still there:
+            what took the executor with it (the sandbox removed from outside, its node's
+            daemon killed) may have taken the sandbox.
 
         Cancellation: kill the whole process tree (``SIGKILL``; children that ignore
         ``SIGTERM`` and ``setsid`` daemons included) and wait until it is gone, shielded and

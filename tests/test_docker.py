@@ -12,7 +12,7 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
@@ -376,6 +376,52 @@ async def test_fork_bomb_is_contained() -> None:
         assert alive.stdout == b"still here\n"
         left = await sb.exec(["sh", "-c", "ls /proc | grep -c '^[0-9]'"], timeout=20)
         assert int(left.stdout) < 10  # the bomb's processes are all gone
+
+
+@pytest.mark.parametrize("how", ["kill", "rm"], ids=["killed", "removed"])
+@pytest.mark.parametrize("fast_path", [True, False], ids=["executor", "engine-api"])
+async def test_a_container_gone_from_outside_is_sandbox_died(how: str, fast_path: bool) -> None:
+    """Containers killed (``docker kill``) or removed (``docker rm -f``) from outside while
+    a command runs in one: that command, and every later call of the others (exec,
+    write_file, read_file), raise SandboxDied (the sandbox is gone), never a plain
+    InfrastructureError (which says: retry in it) nor an exit status."""
+    tag = unique()
+    marker = unique_marker()
+    defaults = SandboxDefaults(tags=(tag,))
+    async with Session(backend(fast_path=fast_path), defaults=defaults, sweep=False) as s:
+        busy, *idle = [await s.sandbox().start() for _ in range(4)]
+        for sb in idle:
+            await sb.write_file("f", b"before")
+        outcome: list[BaseException] = []
+
+        async def run() -> None:
+            try:
+                await busy.exec(["sleep", marker], timeout=60)
+            except Exception as exc:  # noqa: BLE001 - the test looks at its type
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await eventually_async(lambda: running("sleep", marker), what="the command runs")
+            ids = [sb.extra(DockerAttributes.container_id) for sb in (busy, *idle)]
+            command = ["docker", "kill", *ids] if how == "kill" else ["docker", "rm", "-f", *ids]
+            with anyio.fail_after(60):
+                await anyio.run_process(command)
+        assert len(outcome) == 1, outcome
+        assert isinstance(outcome[0], SandboxDied), repr(outcome[0])
+        calls: dict[str, Callable[[], Awaitable[object]]] = {
+            "exec": lambda: idle[0].exec(["echo", "hello"]),
+            "write_file": lambda: idle[1].write_file("f", b"after"),
+            "read_file": lambda: idle[2].read_file("f"),
+        }
+        later: dict[str, str] = {}
+        for what, call in calls.items():
+            try:
+                later[what] = f"returned {await call()!r}"
+            except Exception as exc:  # noqa: BLE001 - the test looks at its type
+                later[what] = type(exc).__name__
+        assert later == dict.fromkeys(calls, "SandboxDied")
+    assert containers(f"asyncsandbox.tag.{tag}") == []
 
 
 async def test_max_lifetime_is_enforced_inside_the_container() -> None:

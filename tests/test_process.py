@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from asyncsandbox import (
     Limits,
     Resources,
     SandboxDefaults,
+    SandboxDied,
     SandboxFileError,
     Session,
 )
@@ -49,7 +50,9 @@ from ._support import (
     process_launch_failure,
     process_options,
     processes_with,
+    running,
     sandbox_dirs,
+    unique_marker,
     watch,
 )
 
@@ -663,6 +666,67 @@ async def test_a_killed_executor_is_an_infrastructure_error_then_replaced(
                 await sb.exec(["sleep", marker], timeout=30)
         await eventually_async(lambda: not processes_with(marker), within=5, what="it died")
         assert (await sb.exec(["echo", "again"])).stdout == b"again\n"
+
+
+@pytest.mark.parametrize("mechanism", PROCESS_MECHANISMS)
+async def test_a_sandbox_removed_from_outside_is_sandbox_died(
+    mechanism: str, process_root: Path
+) -> None:
+    """Another owner removes the sandboxes (a second backend on the same root, as
+    ``asyncsandbox gc`` would: their directories go, their cgroups' processes are killed)
+    while a command runs in one and a file transfer in another: those two, and every
+    later call of the others (exec, write_file, read_file), raise SandboxDied (the
+    sandbox is gone), never a plain InfrastructureError (which says: retry in it), a
+    file error nor an exit status. Compare the killed executor above: that sandbox is
+    still there, and goes on."""
+    if reason := mechanism_unavailable(mechanism):
+        pytest.skip(reason)
+    marker = unique_marker()
+    options = process_options(mechanism)
+    async with session(process_root, backend_options=options) as s:
+        busy, feeding, *idle = [await s.sandbox().start() for _ in range(5)]
+        for sb in idle:
+            await sb.write_file("f", b"before")  # started (and its executor, if any)
+        outcome: dict[str, str] = {}
+        asked, go = anyio.Event(), anyio.Event()
+
+        async def archive() -> AsyncIterator[bytes]:
+            asked.set()  # its script runs, and waits for the archive
+            await go.wait()
+            yield bytes(10240)  # an empty tar archive
+
+        async def run(what: str, call: Callable[[], Awaitable[object]]) -> None:
+            try:
+                outcome[what] = f"returned {await call()!r}"
+            except Exception as exc:  # noqa: BLE001 - the test looks at its type
+                outcome[what] = repr(exc)
+
+        async with (
+            ProcessBackend(root=process_root, **options) as other,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(run, "exec", lambda: busy.exec(["sleep", marker], timeout=60))
+            tg.start_soon(run, "put_archive", lambda: feeding.put_archive("d", archive()))
+            # The command itself (not its launcher, whose arguments carry the marker too).
+            await eventually_async(lambda: running("sleep", marker), what="the command runs")
+            await asked.wait()
+            for sb in (busy, feeding, *idle):
+                assert sb.id is not None
+                await (await other.attach(sb.id)).remove()
+            go.set()
+        assert {what: said.split("(")[0] for what, said in outcome.items()} == {
+            "exec": "SandboxDied",
+            "put_archive": "SandboxDied",
+        }, outcome
+        calls = (
+            lambda: idle[0].exec(["echo", "hello"]),
+            lambda: idle[1].write_file("f", b"after"),
+            lambda: idle[2].read_file("f"),
+        )
+        for call in calls:
+            with pytest.raises(SandboxDied, match="removed"):
+                await call()
+    assert sandbox_dirs(process_root) == []
 
 
 async def test_the_fast_path_leaks_no_descriptors(process_root: Path) -> None:

@@ -64,6 +64,15 @@ class Box:
         if expires is not None and expires < time.time():
             raise SandboxDied(self.id, "max lifetime exceeded")
 
+    def check_alive_after(self, failure: BaseException) -> None:
+        """Raise :class:`SandboxDied` (caused by ``failure``) if the sandbox is gone: what
+        took a command, its launcher or its executor (another owner removed the sandbox,
+        killing its cgroup) may have taken the sandbox. Return if it is still there."""
+        try:
+            self.check_alive()
+        except SandboxDied as died:
+            raise died from failure
+
     def launch_error(self, returncode: int, output: str) -> LaunchError:
         """The error of a launcher that could not start a command, from what it said."""
         mechanism = self.mechanism.name

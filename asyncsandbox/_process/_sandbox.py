@@ -15,7 +15,7 @@ import anyio
 import anyio.to_thread
 from anyio import TypedAttributeSet, typed_attribute
 
-from .._errors import InvalidArgument, SandboxDied, SandboxNotFound
+from .._errors import InfrastructureError, InvalidArgument, SandboxDied, SandboxNotFound
 from .._models import SandboxInfo
 from .._shellfiles import InteractiveProcess, ShellFiles
 from .._util import single_error
@@ -80,24 +80,34 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         box = self._box
         expires = box.meta.expires_at
         oom_before = box.cgroup.oom_kills() if box.cgroup else 0
-        with anyio.move_on_after(
-            float("inf") if expires is None else expires - time.time()
-        ) as lifetime:
-            async with self._path.started(argv, cwd, env, stdin is not None) as run:
-                with single_error():
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(pump, run.stdout, "stdout", on_output)
-                        tg.start_soon(pump, run.stderr, "stderr", on_output)
-                        if stdin is not None:
-                            assert run.stdin is not None
-                            tg.start_soon(feed, run.stdin, stdin)
-                        returncode = await run.wait()
-                        if not box.mechanism.isolated:
-                            # No PID namespace: stop waiting for pipes that escaped
-                            # children may hold open. Otherwise every pipe is at its end.
-                            tg.cancel_scope.deadline = anyio.current_time() + UNISOLATED_PIPE_GRACE
+        try:
+            with anyio.move_on_after(
+                float("inf") if expires is None else expires - time.time()
+            ) as lifetime:
+                async with self._path.started(argv, cwd, env, stdin is not None) as run:
+                    with single_error():
+                        async with anyio.create_task_group() as tg:
+                            tg.start_soon(pump, run.stdout, "stdout", on_output)
+                            tg.start_soon(pump, run.stderr, "stderr", on_output)
+                            if stdin is not None:
+                                assert run.stdin is not None
+                                tg.start_soon(feed, run.stdin, stdin)
+                            returncode = await run.wait()
+                            if not box.mechanism.isolated:
+                                # No PID namespace: stop waiting for pipes that escaped
+                                # children may hold open. Otherwise every pipe is at its end.
+                                tg.cancel_scope.deadline = (
+                                    anyio.current_time() + UNISOLATED_PIPE_GRACE
+                                )
+        except InfrastructureError as exc:
+            if not isinstance(exc, SandboxDied):
+                box.check_alive_after(exc)  # its executor went with the sandbox
+            raise
         if lifetime.cancelled_caught:
             raise SandboxDied(self.id, "max lifetime exceeded")
+        # Removed from outside while it ran (its cgroup killed, its launcher with it): the
+        # command did not end by itself, and its exit status says nothing of it.
+        box.check_alive()
         oom = box.cgroup is not None and box.cgroup.oom_kills() > oom_before
         if returncode < 0:  # the launcher itself was killed by a signal
             returncode = 128 - returncode
@@ -119,7 +129,7 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         stdin: bool = True,
     ) -> AsyncIterator[InteractiveProcess]:
         async with self._path.started(argv, cwd, env, stdin) as run:
-            started = _Script(run)
+            started = _Script(run, self._box)
             with single_error():
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(started.read_stderr)
@@ -208,8 +218,9 @@ class _Script:
     """An interactive process (:class:`InteractiveProcess`): a started command whose stderr
     (its first 4 KiB) says why it failed. Run :meth:`read_stderr` alongside."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, box: Box) -> None:
         self._run = run
+        self._box = box
         self._stderr = bytearray()
         self._stderr_read = anyio.Event()
 
@@ -244,7 +255,13 @@ class _Script:
 
     async def wait(self) -> tuple[int, bytes]:
         await self.close_stdin()
-        returncode = await self._run.wait()
+        try:
+            returncode = await self._run.wait()
+        except InfrastructureError as exc:
+            self._box.check_alive_after(exc)
+            raise
+        if returncode != 0:
+            self._box.check_alive()  # killed with the sandbox, not a file's error
         # Its stderr is at its end now (none of its processes is left), but the exit status
         # may have come first: its reason must not be judged on half of what it said.
         with anyio.move_on_after(UNISOLATED_PIPE_GRACE):

@@ -282,6 +282,19 @@ class ApiPath(Path):
             FileErrorReason.INVALID_PATH, path, "too many levels of symbolic links"
         )
 
+    async def _running(self) -> None:
+        """Raise :class:`SandboxDied` unless the container runs. The daemon serves a
+        stopped container's files as it serves a running one's, but the sandbox is gone
+        (its commands died with it, and every later command raises so): its files say so
+        too. One inspect per file operation, on this path only."""
+        name = self._container.name
+        try:
+            data = await self._engine.call("GET", f"containers/{name}/json", sandbox_id=name)
+        except SandboxError as exc:
+            raise await self._container.died(exc) from exc
+        if not data.get("State", {}).get("Running"):
+            raise await self._container.died(SandboxDied(name, "the container stopped"))
+
     async def _file_call(self, coro: Any) -> Any:
         try:
             return await coro
@@ -291,6 +304,7 @@ class ApiPath(Path):
             raise await self._container.died(exc) from exc
 
     async def read_file(self, path: str, *, max_bytes: int) -> bytes:
+        await self._running()
         target, stat = await self._file_call(self._stat(path))
         if int(stat.get("mode", 0)) & MODE_DIR:
             raise SandboxFileError(FileErrorReason.IS_A_DIRECTORY, path)
@@ -345,6 +359,7 @@ class ApiPath(Path):
         def archive() -> AsyncIterator[bytes]:
             return _tar.single_file(name, data, mode=mode, uid=uid, gid=uid)
 
+        await self._running()
         try:
             await self._file_call(self._engine.put_archive(self._container.name, parent, archive()))
         except SandboxFileError as exc:
@@ -354,6 +369,7 @@ class ApiPath(Path):
             await self._file_call(self._engine.put_archive(self._container.name, parent, archive()))
 
     async def put_archive(self, path: str, archive: AsyncIterable[bytes]) -> None:
+        await self._running()
         await self._file_call(self._mkdirs(path))
         uid = max(self._container.uid, 0)
         await self._file_call(
@@ -362,6 +378,7 @@ class ApiPath(Path):
 
     @asynccontextmanager
     async def get_archive(self, path: str) -> AsyncIterator[AsyncIterator[bytes]]:
+        await self._running()
         target, _ = await self._file_call(self._stat(path))
         async with self._archive(target, path) as body:
             yield body.chunks(CHUNK)
