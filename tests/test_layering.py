@@ -21,6 +21,7 @@ PLUGINS = (
     "asyncsandbox_pydantic_ai",
     "asyncsandbox_langchain",
     "asyncsandbox_openai_agents",
+    "asyncsandbox_smolagents",
 )
 
 

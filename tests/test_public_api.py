@@ -83,6 +83,7 @@ PLUGIN_MODULES = [
     "asyncsandbox_mcp",
     "asyncsandbox_openai_agents",
     "asyncsandbox_pydantic_ai",
+    "asyncsandbox_smolagents",
 ]
 
 

@@ -1,0 +1,203 @@
+"""``CodeAgent(executor=SandboxExecutor(sandbox))``: the agent's code, in a sandbox.
+
+smolagents' remote executors share one protocol (``RemotePythonExecutor``): each code step
+goes to :meth:`SandboxExecutor.run_code_raise_errors`, which answers a ``CodeOutput``
+(``output``, ``logs``, ``is_final_answer``) or raises ``AgentError``; the base class sends
+the tools as source code and the variables as JSON through the same method, and patches
+``final_answer`` to raise a ``FinalAnswerException`` carrying the serialised answer,
+recognised here by its name, as E2B's executor recognises it.
+
+The code runs in the stateful interpreter of an asyncsandbox sandbox
+(:meth:`asyncsandbox.sync.SyncSandbox.run_code`): variables, imports and tools persist from
+one step to the next. smolagents is synchronous: the blocking facade (one event loop in a
+background thread, driving the async API) carries each call.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+from collections.abc import Sequence
+from typing import Any
+
+import PIL.Image
+from smolagents import AgentError, AgentLogger, LogLevel
+from smolagents.local_python_executor import CodeOutput
+from smolagents.remote_executors import RemotePythonExecutor
+from smolagents.serialization import SafeSerializer
+
+from asyncsandbox import ExecTimeout, Execution, InvalidArgument
+from asyncsandbox.sync import SyncSandbox
+
+__all__ = ("SandboxExecutor",)
+
+# The main result's formats, in the order E2B's executor takes them (images first, as PIL
+# images; then the richest text a notebook would show).
+_IMAGE_FORMATS = ("jpeg", "png")
+_TEXT_FORMATS = ("html", "javascript", "json", "latex", "markdown", "pdf", "svg", "text")
+
+
+class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents is untyped
+    """A smolagents ``CodeAgent`` executor running the agent's code in ``sandbox``::
+
+        with SyncSession() as session:
+            agent = CodeAgent(tools=[...], model=model, executor=SandboxExecutor(session.sandbox()))
+            with agent:  # cleanup() on exit: the sandbox is removed
+                agent.run("...")
+
+    The executor owns the sandbox: it starts it (blocking) if it was not, and
+    :meth:`cleanup` removes it. The code of each step runs in the sandbox's default code
+    context.
+
+    :param sandbox: where the code runs.
+    :param additional_imports: packages the code needs: those the sandbox lacks are
+        ``pip install``-ed first (which needs pip, a writable environment and the network);
+        ``AgentError`` if that fails.
+    :param logger: smolagents' logger (default: one at ``LogLevel.INFO``).
+    :param allow_pickle: let the final answer and the variables travel as pickles when JSON
+        cannot carry them (smolagents' own flag; unpickling runs code: trusted sandboxes
+        only).
+    :param timeout: seconds a step's code may run before it is interrupted (an error the
+        model is told about; the variables stay); ``None``: no limit.
+    :param max_output_bytes: output kept per stream, and for the results, of one step.
+    """
+
+    def __init__(
+        self,
+        sandbox: SyncSandbox,
+        *,
+        additional_imports: Sequence[str] = (),
+        logger: AgentLogger | None = None,
+        allow_pickle: bool = False,
+        timeout: float | None = 60.0,
+        max_output_bytes: int = 1024 * 1024,
+    ) -> None:
+        if timeout is not None and not timeout > 0:
+            raise InvalidArgument(f"timeout must be > 0 or None, got {timeout!r}")
+        super().__init__(
+            list(additional_imports), logger or AgentLogger(LogLevel.INFO), allow_pickle
+        )
+        self.sandbox = sandbox
+        """The sandbox the code runs in (removed by :meth:`cleanup`)."""
+        self.timeout = timeout
+        """Seconds a step's code may run (``None``: no limit)."""
+        self._max_output_bytes = max_output_bytes
+        sandbox.start().result()
+        self._install(list(additional_imports), required=True)
+        self.installed_packages = list(additional_imports)
+
+    def run_code_raise_errors(self, code: str) -> CodeOutput:
+        """Run ``code`` in the sandbox's interpreter: its main result (an image as a
+        ``PIL.Image``, else its richest text) and its stdout, or the final answer.
+
+        Raises ``AgentError`` when the code raised (the variables stay), ran past
+        :attr:`timeout`, or its interpreter died; an infrastructure failure (the sandbox
+        is gone, the backend unreachable) is raised as asyncsandbox's
+        :class:`~asyncsandbox.InfrastructureError` (the agent reports either to the model).
+        """
+        handle = self.sandbox.run_code(
+            code, timeout=self.timeout, max_output_bytes=self._max_output_bytes
+        )
+        try:
+            execution = handle.result()
+        except ExecTimeout as exc:
+            partial = exc.execution or Execution()  # run_code's timeouts always carry it
+            raise AgentError(
+                f"{_stdout(partial)}\nExecuting code yielded an error:\nthe code ran past its "
+                f"timeout of {self.timeout} s and was interrupted\n{_error_text(partial)}",
+                self.logger,
+            ) from exc
+        logs = _stdout(execution)
+        error = execution.error
+        if error is not None:
+            if error.name == RemotePythonExecutor.FINAL_ANSWER_EXCEPTION:
+                # The patched final_answer's encoding is SafeSerializer's ("safe:" JSON, or
+                # "pickle:" only when allowed).
+                answer = SafeSerializer.loads(error.value, allow_pickle=self.allow_pickle)
+                return CodeOutput(output=answer, logs=logs, is_final_answer=True)
+            raise AgentError(
+                f"{logs}\nExecuting code yielded an error:\n{_error_text(execution)}",
+                self.logger,
+            )
+        return CodeOutput(output=_main_result(execution), logs=logs, is_final_answer=False)
+
+    def install_packages(self, additional_imports: list[str]) -> list[str]:
+        """``pip install`` those of the packages the sandbox lacks; the packages.
+
+        For the tools' requirements (``send_tools``), a failure is logged and the run goes on,
+        as E2B's ``!pip install`` goes on: smolagents lists optional imports too (its
+        patched ``final_answer`` names numpy and Pillow, imported only if there), and a
+        missing one fails the step that needs it, told to the model.
+        """
+        self._install(additional_imports, required=False)
+        return additional_imports
+
+    def _install(self, packages: list[str], *, required: bool) -> None:
+        if not packages:
+            return
+        missing = self._missing(packages)
+        if not missing:
+            return
+        argv = ["python3", "-m", "pip", "install", "--quiet", *missing]
+        result = self.sandbox.exec(argv, timeout=self.timeout).result()
+        if result.returncode == 0:
+            self.logger.log(result.stdout_text)
+            return
+        message = (
+            f"installing {' '.join(missing)} in the sandbox failed (pip exited with "
+            f"{result.returncode}):\n{result.stdout_text}{result.stderr_text}"
+        )
+        if required:
+            raise AgentError(message, self.logger)
+        self.logger.log_error(message)
+
+    def _missing(self, packages: list[str]) -> list[str]:
+        """The packages that are neither an installed distribution nor an importable
+        module of the sandbox's interpreter (smolagents names modules, pip distributions)."""
+        code = (
+            "import importlib.metadata as _m, importlib.util as _u\n"
+            "def _present(name):\n"
+            "    try:\n"
+            "        _m.distribution(name)\n"
+            "        return True\n"
+            "    except _m.PackageNotFoundError:\n"
+            "        return _u.find_spec(name) is not None\n"
+            f"[_p for _p in {packages!r} if not _present(_p)]"
+        )
+        execution = self.sandbox.run_code(code, timeout=self.timeout).result()
+        if execution.error is not None or execution.text is None:
+            return packages  # pip will say what is wrong
+        missing: list[str] = ast.literal_eval(execution.text)
+        return missing
+
+    def cleanup(self) -> None:
+        """Remove the sandbox (blocking; idempotent). ``CodeAgent.cleanup()`` and leaving
+        ``with agent:`` call it."""
+        self.logger.log("Removing the sandbox...", level=LogLevel.INFO)
+        self.sandbox.stop().result()
+
+
+def _stdout(execution: Execution) -> str:
+    return "".join(execution.logs.stdout)
+
+
+def _error_text(execution: Execution) -> str:
+    error = execution.error
+    if error is None:
+        return ""
+    return f"{error.name}\n{error.value}\n{error.traceback}"
+
+
+def _main_result(execution: Execution) -> Any:
+    for result in execution.results:
+        if not result.is_main_result:
+            continue
+        for name in _IMAGE_FORMATS:
+            data = getattr(result, name)
+            if data is not None:
+                return PIL.Image.open(io.BytesIO(data))
+        for name in _TEXT_FORMATS:
+            data = getattr(result, name)
+            if data is not None:
+                return data
+    return None
