@@ -31,6 +31,7 @@ EXAMPLE_SCRIPTS = (
     "pydantic_ai_agent.py",
     "langchain_deep_agent.py",
     "openai_agents_shell.py",
+    "smolagents_agent.py",
 )
 REWARD_CALL = re.compile(
     r"Reward call (\d+): (\d+) sandboxes, (\d+)/(\d+) passed(?:, (\d+) skipped \(no code\))?$"
@@ -656,6 +657,24 @@ def test_openai_agents_shell(process_root: Path) -> None:
         "$ python3 b.py -> 1: KeyError: 'missing'",
         "$ python3 c.py -> timeout: ",
         "Answer: b.py crashes (KeyError); c.py never ends; a.py prints 45.",
+    ]
+    assert_no_sandboxes(process_root)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("ASYNCSANDBOX_TEST_ROOTFS"),
+    reason="set ASYNCSANDBOX_TEST_ROOTFS to a root filesystem (CI does): smolagents' tool "
+    "code imports numpy and Pillow, which that Debian root filesystem has",
+)
+def test_smolagents_agent(process_root: Path) -> None:
+    image = os.environ["ASYNCSANDBOX_TEST_ROOTFS"]
+    out, _ = run_example("smolagents_agent.py", "--image", image, root=process_root)
+    assert out.splitlines() == [
+        "Step 1: printed '15 primes below 50'",
+        "Step 2: error ZeroDivisionError: division by zero",
+        "Step 3: final answer 328",
+        "Answer: 328",
     ]
     assert_no_sandboxes(process_root)
 
