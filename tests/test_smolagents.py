@@ -158,6 +158,28 @@ def test_a_step_past_its_timeout_is_an_error_and_the_state_stays(session: SyncSe
     assert "ran past its timeout of 1 s" in error
 
 
+def test_a_killed_interpreter_is_an_error_and_the_tools_are_defined_again(
+    session: SyncSession,
+) -> None:
+    coder = agent(
+        session,
+        "x = 1",
+        "import os\nos._exit(3)",
+        "print('x' in globals())\nfinal_answer(multiply(6, 7))",
+    )
+    with coder:
+        answer = coder.run("Die, then go on.")
+    assert answer == 42  # multiply and final_answer were defined again
+    [error] = errors(coder)
+    assert "InterpreterDied" in error
+    assert "the tools are defined again" in error
+    model = coder.model
+    assert isinstance(model, ScriptedModel)
+    assert "The interpreter was restarted" in model.inputs[2]
+    last = [s for s in coder.memory.steps if isinstance(s, ActionStep)][-1]
+    assert "False" in (last.observations or "")  # the variables are gone: said, not hidden
+
+
 # A 2x3 red PNG, made with the standard library only.
 PNG_STEP = """
 import struct, zlib

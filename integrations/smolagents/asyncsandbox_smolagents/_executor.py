@@ -25,6 +25,7 @@ from smolagents import AgentError, AgentLogger, LogLevel
 from smolagents.local_python_executor import CodeOutput
 from smolagents.remote_executors import RemotePythonExecutor
 from smolagents.serialization import SafeSerializer
+from smolagents.tools import Tool, get_tools_definition_code
 
 from asyncsandbox import ExecTimeout, Execution, InvalidArgument
 from asyncsandbox.sync import SyncSandbox
@@ -82,6 +83,8 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
         self.timeout = timeout
         """Seconds a step's code may run (``None``: no limit)."""
         self._max_output_bytes = max_output_bytes
+        self._tools: dict[str, Tool] = {}
+        self._variables: dict[str, Any] = {}
         sandbox.start().result()
         self._install(list(additional_imports), required=True)
         self.installed_packages = list(additional_imports)
@@ -104,11 +107,13 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
             partial = exc.execution or Execution()  # run_code's timeouts always carry it
             raise AgentError(
                 f"{_stdout(partial)}\nExecuting code yielded an error:\nthe code ran past its "
-                f"timeout of {self.timeout} s and was interrupted\n{_error_text(partial)}",
+                f"timeout of {self.timeout} s and was interrupted\n{_error_text(partial)}"
+                f"{self._after_restart(partial)}",
                 self.logger,
             ) from exc
         logs = _stdout(execution)
         error = execution.error
+        restart_note = self._after_restart(execution)
         if error is not None:
             if error.name == RemotePythonExecutor.FINAL_ANSWER_EXCEPTION:
                 # The patched final_answer's encoding is SafeSerializer's ("safe:" JSON, or
@@ -116,10 +121,40 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
                 answer = SafeSerializer.loads(error.value, allow_pickle=self.allow_pickle)
                 return CodeOutput(output=answer, logs=logs, is_final_answer=True)
             raise AgentError(
-                f"{logs}\nExecuting code yielded an error:\n{_error_text(execution)}",
+                f"{logs}\nExecuting code yielded an error:\n{_error_text(execution)}{restart_note}",
                 self.logger,
             )
-        return CodeOutput(output=_main_result(execution), logs=logs, is_final_answer=False)
+        return CodeOutput(
+            output=_main_result(execution), logs=logs + restart_note, is_final_answer=False
+        )
+
+    def send_tools(self, tools: dict[str, Tool]) -> None:
+        """Define the tools in the sandbox's interpreter (smolagents' own code: their source,
+        ``final_answer`` patched to raise the answer), installing their requirements first;
+        kept to define them again if the interpreter is restarted."""
+        super().send_tools(tools)
+        self._tools = dict(tools)
+
+    def send_variables(self, variables: dict[str, Any]) -> None:
+        """Set the variables in the sandbox's interpreter (as JSON, or pickles if
+        allowed); kept to set them again if the interpreter is restarted."""
+        super().send_variables(variables)
+        self._variables = dict(variables)
+
+    def _after_restart(self, execution: Execution) -> str:
+        """If the call's interpreter is a new one (the code killed it, or it ignored an
+        interrupt and was killed), define the tools and variables again: the agent goes on
+        with them, as it would after a plain error. What the model should know, or ``""``."""
+        if not execution.restarted:
+            return ""
+        if self._variables:
+            super().send_variables(self._variables)
+        if self._tools:
+            self.run_code_raise_errors(get_tools_definition_code(self._tools))
+        return (
+            "\n(The interpreter was restarted: the variables and imports of earlier steps are "
+            "gone; the tools are defined again.)"
+        )
 
     def install_packages(self, additional_imports: list[str]) -> list[str]:
         """``pip install`` those of the packages the sandbox lacks; the packages.
