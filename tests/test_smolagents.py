@@ -15,6 +15,7 @@ import pytest
 from asyncsandbox_smolagents import SandboxExecutor
 from smolagents import (
     ActionStep,
+    AgentError,
     AgentExecutionError,
     AgentLogger,
     ChatMessage,
@@ -227,3 +228,11 @@ def test_bad_timeout_is_refused(session: SyncSession) -> None:
     with pytest.raises(InvalidArgument, match="timeout"):
         SandboxExecutor(sandbox, timeout=0)
     assert sandbox.state == "new"  # refused before anything started
+
+
+def test_a_failed_install_is_an_error_and_removes_the_sandbox(session: SyncSession) -> None:
+    sandbox = session.sandbox()
+    with pytest.raises(AgentError, match="asyncsandbox-no-such-package"):
+        SandboxExecutor(sandbox, logger=QUIET, additional_imports=["asyncsandbox-no-such-package"])
+    assert sandbox.state == "closed"
+    assert sandbox.id not in [info.id for info in session.list(this_session=True)]

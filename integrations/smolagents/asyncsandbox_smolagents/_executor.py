@@ -85,8 +85,17 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
         self._max_output_bytes = max_output_bytes
         self._tools: dict[str, Tool] = {}
         self._variables: dict[str, Any] = {}
-        sandbox.start().result()
-        self._install(list(additional_imports), required=True)
+        try:
+            sandbox.start().result()
+            self._install(list(additional_imports), required=True)
+        except BaseException:
+            # The executor owns the sandbox, and no executor comes out of here to clean it
+            # up: remove it (shielded, bounded by the session's Timeouts.remove) before the
+            # error propagates; that error is the one to see, a failed removal is logged.
+            removal = sandbox.stop().exception()
+            if removal is not None:
+                self.logger.log_error(f"removing the sandbox failed too: {removal!r}")
+            raise
         self.installed_packages = list(additional_imports)
 
     def run_code_raise_errors(self, code: str) -> CodeOutput:
