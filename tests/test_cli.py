@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -255,6 +256,11 @@ def python_with(site: Path, *args: str, root: Path) -> subprocess.CompletedProce
     )
     env = {**os.environ, "ASYNCSANDBOX_PROCESS_ROOT": str(root)}
     env.pop("PYTHONPATH", None)
+    # No Ray cluster to join (`backends` enters the Ray backend, which joins the machine's
+    # running cluster, if any: CI's slow suite runs one meanwhile, and joining it from this
+    # directory of every distribution uploaded the directory to it).
+    env.pop("RAY_ADDRESS", None)
+    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="no-ray-")
     return subprocess.run(
         [sys.executable, "-S", "-c", bootstrap, str(site), *args],
         capture_output=True,
