@@ -603,35 +603,38 @@ def test_an_infrastructure_failure_is_sandbox_error(server: Server) -> None:
     """The sandbox dies under the program (its processes killed from outside): ours, not
     the program's, so SandboxError (the client raises it), not Failed."""
     answer: dict[str, Any] = {}
+    # Its own marker: an ended request's sandbox, waiting for its reset, may still hold
+    # another test's (then the wrong sandbox was killed, and the program ran to its limit).
+    marker = f"started-{uuid.uuid4().hex[:8]}"
 
     def post() -> None:
-        payload = {"code": "echo started > started; sleep 60", "language": "bash"}
+        payload = {"code": f"echo started > {marker}; sleep 60", "language": "bash"}
         response = requests.post(f"{keyed(server)}/run_code", json=payload, timeout=120)
         answer.update(response.json())
 
-    sandbox_id = _kill_once_started(server, post)
+    sandbox_id = _kill_once_started(server, post, marker)
     assert answer["status"] == "SandboxError", answer
     assert answer["message"].startswith("infrastructure error: "), answer
     assert answer["run_result"] is None  # no result of the program: it did not end
     eventually(lambda: sandbox_id not in server.sandbox_dirs(), within=30)  # not recycled: removed
 
 
-def _wait_until_started(root: Path | None) -> str:
-    """Wait until a program in a sandbox under ``root`` wrote its ``started`` file; the
+def _wait_until_started(root: Path | None, marker: str = "started") -> str:
+    """Wait until a program in a sandbox under ``root`` wrote its ``marker`` file; the
     sandbox's id. (Other sandboxes may be there: ended requests' ones, reset, ready.)"""
     assert root is not None
-    eventually(lambda: any(root.glob("*/fs/**/started")), within=30)
-    return next(root.glob("*/fs/**/started")).relative_to(root).parts[0]
+    eventually(lambda: any(root.glob(f"*/fs/**/{marker}")), within=30)
+    return next(root.glob(f"*/fs/**/{marker}")).relative_to(root).parts[0]
 
 
-def _kill_once_started(server: Server, request: Callable[[], None]) -> str:
+def _kill_once_started(server: Server, request: Callable[[], None], marker: str) -> str:
     """Send ``request`` from a thread (its program writes ``started``, then sleeps) and,
     once the program started, SIGKILL its sandbox's processes from outside; then wait for
     the request to end. The sandbox's id."""
     thread = threading.Thread(target=request)
     thread.start()
     try:
-        sandbox_id = _wait_until_started(server.root)
+        sandbox_id = _wait_until_started(server.root, marker)
         if not kill_process_sandbox_processes(sandbox_id):
             pytest.skip("killing a process sandbox from outside needs its cgroup (root)")
     finally:
@@ -642,14 +645,15 @@ def _kill_once_started(server: Server, request: Callable[[], None]) -> str:
 @pytest.mark.usefixtures("endpoint")
 def test_the_client_raises_on_sandbox_error(server: Server) -> None:
     errors: list[BaseException] = []
+    marker = f"started-{uuid.uuid4().hex[:8]}"
 
     def call() -> None:
         try:
-            run(RunCodeRequest(code="touch started; sleep 60", language="bash"))
+            run(RunCodeRequest(code=f"touch {marker}; sleep 60", language="bash"))
         except Exception as exc:  # noqa: BLE001 - what the client raises is the point
             errors.append(exc)
 
-    _kill_once_started(server, call)
+    _kill_once_started(server, call, marker)
     assert len(errors) == 1
     assert "Sandbox responded with error" in str(errors[0])
 
@@ -657,7 +661,8 @@ def test_the_client_raises_on_sandbox_error(server: Server) -> None:
 def test_a_client_that_leaves_gets_its_program_killed(server: Server) -> None:
     """The program would run for 100 s: the client's leaving, once it runs, kills it long
     before that, and its sandbox is removed or reset (the next request's, fresh)."""
-    payload = {"code": "touch started; exec sleep 100", "language": "bash", "run_timeout": 100}
+    marker = f"started-{uuid.uuid4().hex[:8]}"
+    payload = {"code": f"touch {marker}; exec sleep 100", "language": "bash", "run_timeout": 100}
     url = urllib.parse.urlsplit(server.url)
     assert url.hostname is not None
     connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
@@ -668,9 +673,9 @@ def test_a_client_that_leaves_gets_its_program_killed(server: Server) -> None:
         body=json.dumps(payload),
         headers={"Content-Type": "application/json", "Authorization": f"Basic {credentials}"},
     )
-    sandbox_id = _wait_until_started(server.root)  # not before: then nothing runs
+    sandbox_id = _wait_until_started(server.root, marker)  # not before: then nothing runs
     assert server.root is not None
-    started = next((server.root / sandbox_id).glob("fs/**/started"))
+    started = next((server.root / sandbox_id).glob(f"fs/**/{marker}"))
     assert _sleepers() == 1
     assert connection.sock is not None
     connection.sock.shutdown(socket.SHUT_RDWR)
