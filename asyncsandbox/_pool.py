@@ -91,9 +91,7 @@ class Pool:
         async def create(scope: anyio.CancelScope) -> None:
             handle = await self._runtime.create(spec)
             if won:  # a ready one came first: this one waits for the next episode
-                now = anyio.current_time()
-                self._born[handle.id] = now
-                self._ready.setdefault(key, deque()).append((handle, now, now))
+                self._add_new(key, handle)
                 self._changed.set()
             else:
                 won.append(handle)
@@ -130,9 +128,18 @@ class Pool:
         self.hits += 1
         return handle
 
+    def _add_new(self, key: bytes, handle: SandboxHandle) -> None:
+        """A sandbox just created, ready for a start of settings ``key``."""
+        self._born[handle.id] = now = anyio.current_time()
+        self._ready.setdefault(key, deque()).append((handle, now, now))
+
+    def _warm(self, config: SandboxDefaults) -> bool:
+        """Whether ``config`` is the recycling warm pool's."""
+        return self._config is not None and self._config.recycle and _key(config) == self._home
+
     def _reusable(self, config: SandboxDefaults) -> bool:
-        warm = self._config is not None and self._config.recycle and _key(config) == self._home
-        return (warm or config.recyclable) and self._runtime.backend.capabilities.reset
+        warm_or_asked = self._warm(config) or config.recyclable
+        return warm_or_asked and self._runtime.backend.capabilities.reset
 
     def recycle(self, handle: SandboxHandle, config: SandboxDefaults, age: float) -> bool:
         """Take back a released sandbox of ``config``, created ``age`` seconds ago, to
@@ -140,8 +147,7 @@ class Pool:
         it, the backend cannot reset, it is too old, enough are waiting already, another
         sandbox waits for its slot, the session is closing): then the caller removes it."""
         task_group = self._task_group
-        warm = self._config is not None and self._config.recycle and _key(config) == self._home
-        if warm:  # the warm pool replaces its own past their max_age (see _keep)
+        if self._warm(config):  # the warm pool replaces its own past their max_age (see _keep)
             max_age = math.inf
         else:
             max_age = MAX_AGE
@@ -150,8 +156,7 @@ class Pool:
         runtime = self._runtime
         key = _key(config)
         if (
-            not (warm or config.recyclable)
-            or not runtime.backend.capabilities.reset
+            not self._reusable(config)
             or task_group is None
             or runtime.state != RuntimeState.OPEN
             or age >= max_age
@@ -227,8 +232,7 @@ class Pool:
         runtime = self._runtime
         try:
             handle = await runtime.create(runtime.spec(self._defaults))
-            self._born[handle.id] = now = anyio.current_time()
-            self._ready.setdefault(self._home, deque()).append((handle, now, now))
+            self._add_new(self._home, handle)
         except SandboxError as exc:
             if runtime.state == RuntimeState.OPEN:
                 runtime.log.warning("session.pool.fill_failed", error=repr(exc))
