@@ -6,8 +6,8 @@ import enum
 import inspect
 import math
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -834,18 +834,12 @@ class Sandbox:
         """
         source = check.sandbox_path("path", path, workdir=self.config.workdir)
         handle = await self._live_handle()
-        try:
+        with self._watched():
             async with (
                 self._runtime.slot(handle.id),
                 self._runtime.stream(handle.get_archive(source)) as chunks,
             ):
                 yield chunks
-        except SandboxDied as exc:
-            self._mark_dead(exc)
-            raise
-        except InfrastructureError:
-            self._failed = True
-            raise
 
     # -- internals ----------------------------------------------------------------------
 
@@ -860,10 +854,16 @@ class Sandbox:
         return handle
 
     async def _guard(self, call: Awaitable[T]) -> T:
-        """A call of this sandbox through the runtime; its death is remembered, and so is
-        any infrastructure failure (a sandbox that had one is never recycled)."""
-        try:
+        """A call of this sandbox through the runtime, :meth:`_watched`."""
+        with self._watched():
             return await call
+
+    @contextmanager
+    def _watched(self) -> Iterator[None]:
+        """Remember this sandbox's death, and any infrastructure failure (a sandbox that
+        had one is never recycled), raised by what runs inside."""
+        try:
+            yield
         except SandboxDied as exc:
             self._mark_dead(exc)
             raise
