@@ -7,10 +7,18 @@ import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from structlog.testing import capture_logs
 
-from asyncsandbox import InvalidArgument, Limits, Session, sync
+from asyncsandbox import (
+    FileErrorReason,
+    InvalidArgument,
+    Limits,
+    SandboxFileError,
+    Session,
+    sync,
+)
 from asyncsandbox.judge import (
     Checker,
     FloatTolerance,
@@ -331,6 +339,30 @@ async def test_a_missing_compiler_is_infrastructure_not_a_wrong_answer(session: 
     assert result.verdict == Verdict.INFRASTRUCTURE_ERROR
     assert result.score is None
     assert "no-such-compiler" in (result.error or "")
+
+
+async def test_a_sandbox_without_python_runs_each_case_by_itself(session: Session) -> None:
+    """No ``python3`` for the runner (here: not on the PATH): each case is one plain
+    command, the program's file written for it all the same."""
+    shell = Language(name="sh", source="main.sh", run=("/bin/sh", "{source}"))
+    program = Program(source="read a b\necho $((a + b))\n", language=shell)
+    result = await session.judge(program, ADD_CASES, env={"PATH": "/nowhere"})
+    assert verdicts(result) == [Verdict.ACCEPTED] * 3
+
+
+@pytest.mark.parametrize(("language", "source"), [("python", PY_ADD), ("cpp", CPP_ADD)])
+async def test_a_directory_the_program_cannot_be_written_to_is_a_file_error(
+    session: Session, language: str, source: str
+) -> None:
+    """Written by the runner (Python) or before compiling (C++), alike."""
+    async with session.sandbox() as sb:
+        request = JudgeRequest.of(Program(source=source, language=language), [ADD])
+        request = msgspec.structs.replace(request, directory="/usr/judge")
+        with pytest.raises(SandboxFileError) as caught:
+            await judge(sb, request)
+    assert caught.value.path.startswith("/usr/judge/main.")
+    if language == "python":  # the runner says the errno's reason
+        assert caught.value.reason == FileErrorReason.PERMISSION
 
 
 async def test_a_dead_sandbox_is_infrastructure(session: Session) -> None:

@@ -12,7 +12,9 @@ weaker end of a plain exec; logged once as ``judge.runner.unavailable``).
 
 from __future__ import annotations
 
+import errno
 import json
+import marshal
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -21,12 +23,12 @@ from typing import Any, Protocol
 
 import anyio
 
-from .._errors import ExecTimeout
+from .._errors import ExecTimeout, FileErrorReason, SandboxFileError
 from .._log import get_logger
 from .._models import ExecResult, OutputChunk
-from ._runner import BOOT
+from ._runner import BOOT, UNWRITABLE
 
-__all__ = ("RUNNER_KILLED", "CaseRun", "Stream", "Target", "run_cases")
+__all__ = ("RUNNER_KILLED", "CaseRun", "Source", "Stream", "Target", "run_cases")
 
 _RUNNER = Path(__file__).with_name("_runner.py").read_text()
 _BARRIER = Path(__file__).parent.parent.joinpath("_barrier.py").read_text()
@@ -69,6 +71,8 @@ class Target(Protocol):
         max_output_bytes: int | None = ...,
     ) -> ExecResult: ...
 
+    async def write_file(self, path: str, data: bytes | str) -> Any: ...
+
 
 @dataclass(frozen=True)
 class CaseRun:
@@ -84,29 +88,42 @@ Answer = Callable[[int, ExecResult], Awaitable[bool]]
 """Receives each case's result as it comes; returns False to stop (the rest are not run)."""
 
 
+@dataclass(frozen=True)
+class Source:
+    """A program's source, to be written to ``name`` in the cases' directory before they
+    run (by the runner itself: one command fewer a judgement)."""
+
+    name: str
+    data: bytes
+
+
 async def run_cases(
     sandbox: Target,
     argv: tuple[str, ...],
     *,
     fork: bool,
     cwd: str | None,
+    source: Source | None,
     cases: Sequence[CaseRun],
     parallel: int,
     output_limit: int,
     answer: Answer,
 ) -> None:
-    """Run ``argv`` on every case in ``sandbox`` (in ``cwd``): ``fork`` runs a Python
-    program (``argv`` is the interpreter and the program's path) in forks of one
-    interpreter that compiled it; else each case executes ``argv``. ``answer`` gets
-    each result as the case ends, in the order they end.
+    """Run ``argv`` on every case in ``sandbox`` (in ``cwd``, created if missing, where
+    ``source`` is written first): ``fork`` runs a Python program (``argv`` is the
+    interpreter and the program's path) in forks of one interpreter that compiled it;
+    else each case executes ``argv``. ``answer`` gets each result as the case ends, in
+    the order they end. Raises :class:`SandboxFileError` if the source cannot be written.
 
     Cancellation: the running cases are killed.
     """
-    runner = _Runner(sandbox, argv, fork, cwd, output_limit, answer)
+    runner = _Runner(sandbox, argv, fork, cwd, source, output_limit, answer)
     left = await runner.run(cases, parallel)
     if left is None:
         return  # answer() said stop
     if runner.unavailable:
+        if source is not None:
+            await sandbox.write_file(_path(cwd, source.name), source.data)
         await _each_by_itself(sandbox, argv, cwd, left, parallel, output_limit, answer)
         return
     if left:
@@ -117,7 +134,7 @@ async def run_cases(
 
         async def worker() -> None:
             for case in pending:
-                alone = _Runner(sandbox, argv, fork, cwd, output_limit, answer)
+                alone = _Runner(sandbox, argv, fork, cwd, source, output_limit, answer)
                 rest = await alone.run([case], 1)
                 if rest is None:
                     tg.cancel_scope.cancel()
@@ -143,6 +160,7 @@ class _Runner:
         argv: tuple[str, ...],
         fork: bool,
         cwd: str | None,
+        source: Source | None,
         output_limit: int,
         answer: Answer,
     ) -> None:
@@ -150,6 +168,7 @@ class _Runner:
         self.argv = argv
         self.fork = fork
         self.cwd = cwd
+        self.source = source
         self.output_limit = output_limit
         self.answer = answer
         self.why = "it ended without answering for every case"
@@ -159,8 +178,12 @@ class _Runner:
     async def run(self, cases: Sequence[CaseRun], parallel: int) -> list[CaseRun] | None:
         """Run ``cases``; return those it did not answer for (None once ``answer`` said
         stop: leaving the runner's block kills it)."""
+        source = self.source
         header: dict[str, Any] = {
             "mode": "fork" if self.fork else "exec",
+            "directory": self.cwd or "",
+            "file": None if source is None else source.name,
+            "source": 0 if source is None else len(source.data),
             "parallel": parallel,
             "output_limit": self.output_limit,
             "cases": [
@@ -176,14 +199,19 @@ class _Runner:
             header["program"] = self.argv[1]
         else:
             header["argv"] = list(self.argv)
-        request = json.dumps(header).encode() + b"\n" + b"".join(c.stdin for c in cases)
+        encoded = marshal.dumps(header, 2)  # version 2: read alike by every Python 3
+        request = b"".join((
+            b"%d\n" % len(encoded),
+            encoded,
+            b"" if source is None else source.data,
+            *(c.stdin for c in cases),
+        ))  # fmt: skip
         frames = _Frames(self.argv, len(cases))
         answered: set[int] = set()
         interpreter = self.argv[0] if self.fork else "python3"
         try:
             async with self.sandbox.exec_stream(
                 (interpreter, "-c", BOOT, _BARRIER, _RUNNER),
-                cwd=self.cwd,
                 stdin=request,
                 timeout=sum(case.time_limit for case in cases) + 30,  # all at their limits
                 max_output_bytes=DIGEST,
@@ -199,6 +227,8 @@ class _Runner:
                         if not await self.answer(cases[position].index, result):
                             return None
                 self.ran = ran = await stream.wait()
+                if ran.returncode == UNWRITABLE and not frames.started and source is not None:
+                    raise _unwritable(_path(self.cwd, source.name), ran.stderr)
                 if not frames.ended:
                     self.why = f"exit status {ran.returncode}: {ran.stderr[-400:].decode(errors='replace')}"
                     if ran.returncode in (126, 127) and not frames.started:
@@ -270,6 +300,27 @@ async def _each_by_itself(
 
         for _ in range(min(parallel, len(cases))):
             tg.start_soon(worker)
+
+
+def _path(directory: str | None, name: str) -> str:
+    return f"{directory}/{name}" if directory else name
+
+
+_REASONS = {
+    errno.ENOENT: FileErrorReason.NOT_FOUND,
+    errno.EISDIR: FileErrorReason.IS_A_DIRECTORY,
+    errno.ENOTDIR: FileErrorReason.NOT_A_DIRECTORY,
+    errno.EACCES: FileErrorReason.PERMISSION,
+    errno.EPERM: FileErrorReason.PERMISSION,
+    errno.EROFS: FileErrorReason.PERMISSION,
+}
+
+
+def _unwritable(path: str, stderr: bytes) -> SandboxFileError:
+    """The runner could not write the program (it said ``ERRNO STRERROR``)."""
+    number, _, text = stderr.decode(errors="replace").strip().partition(" ")
+    reason = _REASONS.get(int(number) if number.isdigit() else 0, FileErrorReason.OTHER)
+    return SandboxFileError(reason, path, text or None)
 
 
 _LIMIT_MEMORY = 'ulimit -v "$1" || exit 125; shift; exec "$@"'

@@ -18,7 +18,7 @@ import anyio
 
 from .._errors import ExecTimeout, InfrastructureError, InvalidArgument
 from .._models import ExecResult
-from ._cases import DIGEST, RUNNER_KILLED, CaseRun, Target, run_cases
+from ._cases import DIGEST, RUNNER_KILLED, CaseRun, Source, Target, run_cases
 from ._compare import same
 from ._model import (
     CaseResult,
@@ -119,7 +119,7 @@ class _Judgement:
         results: dict[int, CaseResult] = {}
         compiled: CompileResult | None = None
         try:
-            argv, compiled = await self._build(sandbox, request.program, self.directory)
+            argv, source, compiled = await self._build(sandbox, request.program, self.directory)
             if compiled is not None and compiled.returncode != 0:
                 cases = tuple(
                     CaseResult(index=i, name=c.name, verdict=Verdict.COMPILE_ERROR, seconds=0.0)
@@ -130,7 +130,7 @@ class _Judgement:
             if checker is not None:
                 assert isinstance(request.comparison, Checker)
                 checker_argv = await self._build_checker(checker, request.comparison.program)
-            await self._run_cases(sandbox, argv, checker, checker_argv, results)
+            await self._run_cases(sandbox, argv, source, checker, checker_argv, results)
         except (InfrastructureError, _Infrastructure) as exc:
             done = tuple(results[i] for i in sorted(results))
             return self.infrastructure(str(exc), started, done, compiled)
@@ -145,53 +145,66 @@ class _Judgement:
 
     async def _build(
         self, sandbox: Workspace, program: Program, directory: str
-    ) -> tuple[tuple[str, ...], CompileResult | None]:
-        """Write and compile ``program`` in ``directory``; return how to run it."""
+    ) -> tuple[tuple[str, ...], Source | None, CompileResult | None]:
+        """Compile ``program`` in ``directory``; return how to run it, and its source if
+        the cases' runner is to write it (a program that needs no compiling)."""
         if program.command is not None:
             if self.request.directory is None:
                 self.directory = ""  # a ready command runs where the sandbox's commands do
-            return program.command, None
+            return program.command, None, None
         language = program.resolved
         assert language is not None
         assert program.source is not None
         source = language.source
-        await sandbox.write_file(f"{directory}/{source}", program.source)
         run = tuple(arg.format(source=source) for arg in language.run)
         if language.compile is None:
-            return run, None
+            return run, Source(source, _bytes(program.source)), None
+        await sandbox.write_file(f"{directory}/{source}", program.source)
         argv = tuple(arg.format(source=source) for arg in language.compile)
         timeout = self.request.compile_timeout
         try:
             built = await sandbox.exec(argv, cwd=directory, timeout=timeout)
         except ExecTimeout as exc:
             output = _text(exc.result.stdout + exc.result.stderr, 16384, tail=True)
-            return run, CompileResult(
-                returncode=None,
-                seconds=exc.result.duration,
-                output=f"compilation timed out after {timeout:g}s\n{output}",
+            return (
+                run,
+                None,
+                CompileResult(
+                    returncode=None,
+                    seconds=exc.result.duration,
+                    output=f"compilation timed out after {timeout:g}s\n{output}",
+                ),
             )
         if built.returncode in (126, 127):
             raise _Infrastructure(
                 f"the sandbox cannot run the {language.name} compiler {argv[0]!r} "
                 f"(exit status {built.returncode}): {_text(built.stderr, 400, tail=True)}"
             )
-        return run, CompileResult(
-            returncode=built.returncode,
-            seconds=built.duration,
-            output=_text(built.stdout + built.stderr, 16384, tail=True),
+        return (
+            run,
+            None,
+            CompileResult(
+                returncode=built.returncode,
+                seconds=built.duration,
+                output=_text(built.stdout + built.stderr, 16384, tail=True),
+            ),
         )
 
     async def _build_checker(self, checker: Workspace, program: Program) -> tuple[str, ...]:
         """Build the checker in its sandbox, in a directory of the same name as ours."""
-        run, compiled = await self._build(checker, program, self.directory or "/tmp/judge")
+        directory = self.directory or "/tmp/judge"
+        run, source, compiled = await self._build(checker, program, directory)
         if compiled is not None and compiled.returncode != 0:
             raise _Infrastructure(f"the checker does not compile:\n{compiled.output}")
+        if source is not None:  # the checker runs as a plain command: its file is needed
+            await checker.write_file(f"{directory}/{source.name}", source.data)
         return run
 
     async def _run_cases(
         self,
         sandbox: Workspace,
         argv: tuple[str, ...],
+        source: Source | None,
         checker: Workspace | None,
         checker_argv: tuple[str, ...] | None,
         results: dict[int, CaseResult],
@@ -216,6 +229,7 @@ class _Judgement:
             argv,
             fork=fork,
             cwd=self.directory or None,
+            source=source,
             cases=cases,
             parallel=request.parallel,
             output_limit=request.output_limit,

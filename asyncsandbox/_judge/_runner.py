@@ -30,16 +30,19 @@ pipes once it ended: the pipes are at their end then, since nothing else holds t
 Where the kernel offers no barrier, the rest of the case is killed as soon as its main
 process is reaped, and the answers say so (``"barrier": false``).
 
-Request, on stdin (read whole, with ``os.read``; ``sys.stdin`` is left to the cases): one
-JSON line ``{"mode", "program" (fork) or "argv" (exec), "parallel", "output_limit",
-"cases": [{"time_limit", "memory_kb", "stdin": length}]}`` followed by the cases' stdin
-bytes, concatenated.
+Request, on stdin (read whole, with ``os.read``; ``sys.stdin`` is left to the cases): its
+length in decimal and a newline, then a dict in :mod:`marshal`'s format (built in: no
+import to pay for, and its basic types read the same on every Python 3) ``{"mode",
+"program" (fork) or "argv" (exec), "directory", "file", "source", "parallel",
+"output_limit", "cases": [{"time_limit", "memory_kb", "stdin": length}]}``, then the
+program's source (``source`` bytes, written to the path ``file`` unless it is None), then
+the cases' stdin bytes, concatenated. The runner works in ``directory`` (created if
+missing; empty: where it started), where the file is written before anything runs.
 
 Answers, on stdout (written with ``os.write``), one per case as it ends, in the order
 they end: a JSON line ``{"case", "status", "signal", "timed_out", "seconds", "cpu_seconds",
-"barrier",
-"stdout": length, "stderr": length, "stdout_truncated", "stderr_truncated"}`` followed by
-that many bytes of output; then ``{"end": true}``. The program's output is only ever
+"barrier", "stdout": length, "stderr": length, "stdout_truncated", "stderr_truncated"}``
+followed by that many bytes of output; then ``{"end": true, "barrier"}``. The program's output is only ever
 payload: it cannot end or forge an answer.
 
 What a case cannot do: write to this process's stdout (its descriptors other than its own
@@ -54,11 +57,10 @@ answers then stop short of ``end``, and the host runs the cases without an answe
 from __future__ import annotations
 
 import _socket
-import json
+import marshal
 import os
 import resource
 import select
-import signal
 import struct
 import sys
 import time
@@ -66,9 +68,14 @@ import types
 
 TYPE_CHECKING = False  # not typing's: nothing is imported that the runner does not use
 if TYPE_CHECKING:
+    import signal
     from typing import Any, NoReturn
 
     from asyncsandbox import _barrier as barrier  # sent beside this file (see BOOT)
+else:
+    # signal's C module: the same calls and numbers, without the enums (whose import
+    # costs a judgement a few milliseconds of its interpreter's start).
+    import _signal as signal
 
 BOOT = """import sys, types
 barrier = types.ModuleType("barrier")
@@ -84,6 +91,9 @@ runner["main"]()
 MAX_FD = 1 << 16
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
+UNWRITABLE = 121
+"""The runner's exit status when it cannot write the program (before answering anything:
+``ERRNO STRERROR`` on stderr)."""
 GRACE = 1.0
 """Seconds a case's pipes may stay open after it ended (a process the kernel held in an
 uninterruptible wait, past the barrier's kill): its output is then what it wrote by then."""
@@ -97,16 +107,30 @@ def prctl(option: int, value: int) -> None:
 
 
 def read_request() -> tuple[dict[str, Any], int]:
-    """The request, and a memory file holding every case's stdin: kept out of this
-    process's memory, which each fork inherits (and a memory limit counts)."""
+    """The request (the program's source written), and a memory file holding every
+    case's stdin: kept out of this process's memory, which each fork inherits (and a
+    memory limit counts)."""
     head = b""
     while b"\n" not in head:
         chunk = os.read(0, 1 << 16)
         if not chunk:
             raise SystemExit("the request ended early")
         head += chunk
-    header, _, rest = head.partition(b"\n")
-    request: dict[str, Any] = json.loads(header)
+    length, _, rest = head.partition(b"\n")
+    rest = read_at_least(rest, int(length))
+    request: dict[str, Any] = marshal.loads(rest[: int(length)])
+    rest = read_at_least(rest[int(length) :], request["source"])
+    source, rest = rest[: request["source"]], rest[request["source"] :]
+    try:
+        if request["directory"]:
+            os.makedirs(request["directory"], exist_ok=True)
+            os.chdir(request["directory"])
+        if request["file"] is not None:
+            with open(request["file"], "wb") as file:
+                file.write(source)
+    except OSError as exc:
+        os.write(2, ("%d %s\n" % (exc.errno or 0, exc.strerror)).encode(errors="replace"))
+        os._exit(UNWRITABLE)
     inputs = os.memfd_create("inputs")
     while rest:
         write_all(inputs, rest)
@@ -115,6 +139,31 @@ def read_request() -> tuple[dict[str, Any], int]:
     for case in request["cases"]:
         case["stdin"], offset = (offset, case["stdin"]), offset + case["stdin"]
     return request, inputs
+
+
+def read_at_least(data: bytes, size: int) -> bytes:
+    while len(data) < size:
+        chunk = os.read(0, 1 << 20)
+        if not chunk:
+            raise SystemExit("the request ended early")
+        data += chunk
+    return data
+
+
+def json_line(fields: dict[str, Any]) -> bytes:
+    """``fields`` (names, and finite numbers, booleans or None) as one line of JSON
+    (json's import would cost each judgement a few milliseconds)."""
+    return (
+        "{%s}\n" % ", ".join('"%s": %s' % (k, json_word(v)) for k, v in fields.items())
+    ).encode()
+
+
+def json_word(value: object) -> str:
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
+    return repr(value)
 
 
 def case_stdin(inputs: int, offset: int, size: int) -> int:
@@ -469,7 +518,7 @@ class Runner:
                     self.flush()  # now: a case started next may kill us before the poll
         os.set_blocking(1, True)
         end = {"end": True, "barrier": self.barrier}
-        write_all(1, self.outbox + json.dumps(end).encode() + b"\n")
+        write_all(1, self.outbox + json_line(end))
 
     def flush(self) -> None:
         """Write what stdout takes of the answers now (never waiting for it)."""
@@ -514,7 +563,7 @@ class Runner:
             "stdout_truncated": out.truncated,
             "stderr_truncated": err.truncated,
         }
-        return json.dumps(meta).encode() + b"\n" + out.data + err.data
+        return json_line(meta) + out.data + err.data
 
 
 def hand_over_barrier(sock: Any) -> None:
