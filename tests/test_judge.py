@@ -365,6 +365,19 @@ async def test_a_directory_the_program_cannot_be_written_to_is_a_file_error(
         assert caught.value.reason == FileErrorReason.PERMISSION
 
 
+async def test_the_runner_compiles_itself_where_the_bytecode_differs(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner's code is sent compiled for the host's Python, and as source: a sandbox
+    whose Python has another bytecode (another magic number) compiles the source."""
+    from asyncsandbox._judge import _cases
+
+    argv = _cases._boot()
+    monkeypatch.setattr(_cases, "_boot", lambda: (*argv[:2], "0" * 8, "", *argv[4:]))
+    result = await session.judge(Program(source=PY_ADD), ADD_CASES)
+    assert verdicts(result) == [Verdict.ACCEPTED] * 3
+
+
 async def test_a_dead_sandbox_is_infrastructure(session: Session) -> None:
     """The judging sandbox removed under the judge: infrastructure, score None."""
     async with session.sandbox() as sb:

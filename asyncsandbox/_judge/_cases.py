@@ -12,7 +12,10 @@ weaker end of a plain exec; logged once as ``judge.runner.unavailable``).
 
 from __future__ import annotations
 
+import base64
 import errno
+import functools
+import importlib.util
 import json
 import marshal
 from collections.abc import Awaitable, Callable, Sequence
@@ -147,6 +150,17 @@ async def run_cases(
             tg.start_soon(worker)
 
 
+@functools.cache
+def _boot() -> tuple[str, ...]:
+    """The runner's command line after the interpreter (see :data:`._runner.BOOT`)."""
+    codes = (
+        compile(_BARRIER, "asyncsandbox/_barrier.py", "exec", dont_inherit=True),
+        compile(_RUNNER, "asyncsandbox/_judge/_runner.py", "exec", dont_inherit=True),
+    )
+    compiled = base64.b64encode(marshal.dumps(codes)).decode()
+    return ("-c", BOOT, importlib.util.MAGIC_NUMBER.hex(), compiled, _BARRIER, _RUNNER)
+
+
 class _Malformed(Exception):
     pass
 
@@ -211,7 +225,7 @@ class _Runner:
         interpreter = self.argv[0] if self.fork else "python3"
         try:
             async with self.sandbox.exec_stream(
-                (interpreter, "-c", BOOT, _BARRIER, _RUNNER),
+                (interpreter, *_boot()),
                 stdin=request,
                 timeout=sum(case.time_limit for case in cases) + 30,  # all at their limits
                 max_output_bytes=DIGEST,

@@ -77,16 +77,27 @@ else:
     # costs a judgement a few milliseconds of its interpreter's start).
     import _signal as signal
 
-BOOT = """import sys, types
+BOOT = """import marshal, sys, types
+magic = getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", b"")
+if sys.argv[1] == magic.hex():
+    import binascii
+    codes = marshal.loads(binascii.a2b_base64(sys.argv[2]))
+else:
+    codes = (
+        compile(sys.argv[3], "asyncsandbox/_barrier.py", "exec"),
+        compile(sys.argv[4], "asyncsandbox/_judge/_runner.py", "exec"),
+    )
+del sys.argv[1:5]
 barrier = types.ModuleType("barrier")
-exec(compile(sys.argv[1], "asyncsandbox/_barrier.py", "exec"), barrier.__dict__)
+exec(codes[0], barrier.__dict__)
 runner = {"__name__": "asyncsandbox_judge_runner", "barrier": barrier}
-source = sys.argv[2]
-del sys.argv[1:3]
-exec(compile(source, "asyncsandbox/_judge/_runner.py", "exec"), runner)
+exec(codes[1], runner)
 runner["main"]()
 """
-"""``python3 -c BOOT BARRIER_SOURCE RUNNER_SOURCE``: load both, run :func:`main`."""
+"""``python3 -c BOOT MAGIC CODE BARRIER_SOURCE RUNNER_SOURCE``: load both, run :func:`main`.
+``CODE`` is both compiled by the host, marshalled and in base64: used where the sandbox's
+Python has the host's bytecode (its ``MAGIC`` number, in hex), which saves the sandbox
+compiling them for each judgement; elsewhere the sources are compiled."""
 
 MAX_FD = 1 << 16
 PR_SET_DUMPABLE = 4
