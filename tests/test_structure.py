@@ -74,10 +74,6 @@ LONG_ALLOWED: dict[str, str] = {
 
 # Import circles still being untangled by others: the circle's modules -> why.
 CIRCLES_ALLOWED: dict[frozenset[str], str] = {
-    frozenset({"asyncsandbox._interpreter._engine", "asyncsandbox.abc"}): (
-        "the interpreter's engine types its handle as abc.SandboxHandle (a type-only "
-        "import) while abc re-exports the engine's types: not untangled yet (issue 28)"
-    ),
     frozenset(
         {
             "asyncsandbox_remote._app",

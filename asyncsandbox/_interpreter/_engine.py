@@ -25,9 +25,9 @@ import math
 import struct
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -42,7 +42,8 @@ from .._errors import (
     SandboxError,
     SandboxNotFound,
 )
-from .._models import SandboxStatus
+from .._models import SandboxInfo, SandboxStatus
+from .._shellfiles import InteractiveProcess
 from ._assembly import Assembly
 from ._models import (
     DEFAULT_CONTEXT,
@@ -53,10 +54,36 @@ from ._models import (
     Execution,
 )
 
-if TYPE_CHECKING:
-    from ..abc import SandboxHandle
-
 RUNNER = (Path(__file__).parent / "_runner.py").read_text()
+
+
+class InteractiveSandbox(Protocol):
+    """What the interpreter uses of its sandbox: the three methods of
+    :class:`~asyncsandbox.abc.SandboxHandle` it calls (every handle is one). Spelled here,
+    not imported from :mod:`asyncsandbox.abc`, which re-exports this module's
+    :class:`Interpreter`: the two would import each other."""
+
+    @property
+    def id(self) -> str:
+        """See :attr:`asyncsandbox.abc.SandboxHandle.id`."""
+        ...
+
+    async def inspect(self) -> SandboxInfo:
+        """See :meth:`asyncsandbox.abc.SandboxHandle.inspect`."""
+        ...
+
+    def interact(
+        self,
+        argv: tuple[str, ...],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bool = True,
+    ) -> AbstractAsyncContextManager[InteractiveProcess]:
+        """See :meth:`asyncsandbox.abc.SandboxHandle.interact`."""
+        ...
+
+
 FRAME = struct.Struct(">II")
 MAX_HEADER = 1 << 20
 MAX_PAYLOAD = 1 << 30
@@ -79,7 +106,7 @@ class _Runner:
 
     def __init__(
         self,
-        handle: SandboxHandle,
+        handle: InteractiveSandbox,
         *,
         cwd: str,
         env: Mapping[str, str],
@@ -271,7 +298,7 @@ class Interpreter:
 
     def __init__(
         self,
-        handle: SandboxHandle,
+        handle: InteractiveSandbox,
         *,
         services: anyio.abc.TaskGroup,
         workdir: str,
