@@ -36,32 +36,25 @@ Handles may be passed to a worker thread (``anyio.to_thread.run_sync(handle.resu
 from __future__ import annotations
 
 import builtins
-import concurrent.futures
 import functools
-import os
-import threading
-import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
-from contextlib import AbstractContextManager, suppress
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from os import PathLike
 from types import TracebackType
-from typing import Any, Generic, Literal, Self, TypeVar, final
+from typing import Any, Literal, Self, TypeVar, final
 
-import anyio.lowlevel
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+import anyio
 
 from . import _sandbox, _session, _validate as check
 from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts, WarmPool
-from ._errors import InvalidArgument, OperationCancelled, SandboxClosed, SandboxError
-from ._eventloop import refusal
 from ._interpreter._models import CodeContext, Execution, ExecutionError, OutputMessage, Result
-from ._log import get_logger
 from ._metrics import MetricsReporter
 from ._models import ExecResult, SandboxInfo, SandboxStatus, Snapshot, SnapshotInfo
 from ._sandbox import OutputHandler
 from ._session import SessionStatistics
+from ._synchandle import Handle, as_completed, wait
+from ._syncloop import RunningEventLoopError, SyncRuntime, check_blocking_allowed
+from ._util import claim_public
 from .abc import Backend
 from .judge import Comparison, JudgeResult, Program, TestCase
 
@@ -82,9 +75,6 @@ __all__ = (
 
 T = TypeVar("T")
 
-_NEW, _OPEN, _CLOSED = "new", "open", "closed"
-_log = get_logger()
-
 _ASYNC_NAMES = {
     "Session": "SyncSession",
     "Sandbox": "SyncSandbox",
@@ -104,254 +94,6 @@ def __getattr__(name: str) -> Any:
             name=__name__,
         )
     raise AttributeError(f"module 'asyncsandbox.sync' has no attribute {name!r}")
-
-
-class RunningEventLoopError(SandboxError, RuntimeError):
-    """A blocking call of :mod:`asyncsandbox.sync` was made from a thread that runs an event
-    loop (asyncio or trio). It would block that loop, or deadlock; use
-    :class:`asyncsandbox.Session` directly in async code (or call the sync API from a worker
-    thread, e.g. ``anyio.to_thread.run_sync``)."""
-
-
-def _check_blocking_allowed(what: str) -> None:
-    message = refusal(what)
-    if message is not None:
-        raise RunningEventLoopError(message)
-
-
-class _Runtime:
-    """The event loop thread and the open Session.
-
-    It must never reference the SyncSession: the SyncSession's finalizer holds it, and would
-    otherwise keep the SyncSession alive forever.
-    """
-
-    def __init__(self, session: _session.Session, async_library: str) -> None:
-        self.session = session
-        self.async_library = async_library
-        # Never held while waiting for the event loop thread, except in _open() before any
-        # task exists: done-callbacks take it in that thread, so this cannot deadlock.
-        self.lock = threading.Lock()
-        self.state = _NEW
-        self.pid = os.getpid()
-        self.portal: BlockingPortal | None = None
-        self.portal_cm: AbstractContextManager[BlockingPortal] | None = None
-        self.session_cm: AbstractContextManager[_session.Session] | None = None
-        self.token: anyio.lowlevel.EventLoopToken | None = None
-        # Pending futures, each with the object it keeps alive until it is done (the
-        # SyncSandbox it runs in: collecting that would stop the sandbox under it).
-        self.futures: dict[Future[Any], object] = {}
-        self.orphans_stopped = 0
-
-    def get_portal(self, what: str) -> BlockingPortal:
-        _check_blocking_allowed(what)
-        portal = self.portal
-        if self.state == _OPEN and portal is not None and self.pid == os.getpid():
-            return portal
-        with self.lock:
-            if self.state == _CLOSED:
-                raise SandboxClosed("the session is closed")
-            if self.pid != os.getpid():
-                raise SandboxClosed(
-                    "this SyncSession was opened in another process (before a fork); "
-                    "create a SyncSession in each process"
-                )
-            if self.state == _NEW:
-                self._open()
-            assert self.portal is not None
-            return self.portal
-
-    def _open(self) -> None:
-        portal_cm = start_blocking_portal(self.async_library)
-        portal = portal_cm.__enter__()
-        # The Session is entered and exited by one task of the portal (its task group must
-        # be), which waits in between: wrap_async_context_manager does exactly that.
-        session_cm = portal.wrap_async_context_manager(self.session)
-        try:
-            session_cm.__enter__()
-        except BaseException as exc:
-            self.state = _CLOSED  # a Session opens only once
-            # With the exception, the portal cancels its tasks instead of waiting for them:
-            # after a KeyboardInterrupt, the Session's task may still be opening it.
-            portal_cm.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        self.token = portal.call(anyio.lowlevel.current_token)
-        self.portal, self.portal_cm, self.session_cm = portal, portal_cm, session_cm
-        self.pid = os.getpid()
-        self.state = _OPEN
-
-    def call(self, what: str, func: Callable[[], Awaitable[T]]) -> T:
-        portal = self.get_portal(what)
-        try:
-            return portal.call(func)
-        except RuntimeError as exc:
-            if self.state == _CLOSED:  # closed by another thread since get_portal()
-                raise SandboxClosed("the session is closed") from exc
-            raise
-
-    def call_in_loop(self, func: Callable[[], T]) -> T:
-        """Run the plain function ``func`` where the Session's state lives: in the event
-        loop thread while it runs, else here (not opened yet, or closed: no loop to race)."""
-        if self.state == _OPEN and self.pid == os.getpid():
-            return self.call(f"{getattr(func, '__name__', 'call')}()", _as_async(func))
-        return func()
-
-    def launch(self, what: str, func: Callable[[], Awaitable[T]], keep: object) -> Future[T]:
-        portal = self.get_portal(f"{what}()")
-        try:
-            future = portal.start_task_soon(func, name=f"asyncsandbox.sync:{what}")
-        except RuntimeError as exc:
-            if self.state == _CLOSED:
-                raise SandboxClosed("the session is closed") from exc
-            raise
-        with self.lock:
-            closed = self.state == _CLOSED
-            if not closed:
-                self.futures[future] = keep
-        if closed:
-            future.cancel()  # close() took its list of tasks to cancel before this one
-        else:
-            future.add_done_callback(self._forget)
-        return future
-
-    def _forget(self, future: Future[Any]) -> None:
-        with self.lock:
-            self.futures.pop(future, None)
-
-    def stop_orphan(self, sandbox: _sandbox.Sandbox) -> None:
-        """Stop ``sandbox``, whose SyncSandbox was collected without being stopped.
-
-        Called by a garbage-collection finalizer: in any thread, the event loop's included,
-        at any point of the program. So it neither blocks nor takes a lock; it hands the
-        stop to the event loop with its thread-safe, non-blocking ``run_sync_soon``.
-        """
-        token = self.token
-        if token is None or self.state != _OPEN or self.pid != os.getpid():
-            return  # never opened, or closing: the close removes every sandbox anyway
-        if sandbox.state in ("new", "closed"):
-            return  # nothing to remove
-        with suppress(RuntimeError):  # the event loop is gone: the session's close removed it
-            token.backend_class.run_sync_soon(self._submit_stop, (sandbox,), token.native_token)
-
-    def _submit_stop(self, sandbox: _sandbox.Sandbox) -> None:
-        # In the event loop thread: run the stop in the Session's task group.
-        try:
-            self.session.submit(sandbox.stop(), name="stop a dropped sandbox")
-        except SandboxClosed:
-            return  # closing: the close removes it
-        self.orphans_stopped += 1
-        _log.debug("sync.sandbox.dropped", sandbox_id=sandbox.id, session_id=self.session.id)
-
-    def close(self) -> None:
-        with self.lock:
-            state, self.state = self.state, _CLOSED
-            futures, self.futures = self.futures, {}
-        if state != _OPEN or self.pid != os.getpid():
-            return  # never opened, already closed, or a forked child (the loop is not ours)
-        assert self.portal_cm is not None
-        assert self.session_cm is not None
-        # Cancel first, like Session.aclose() does with its operations: a launched start
-        # still waiting for capacity would otherwise create a sandbox after the close.
-        for future in list(futures):
-            future.cancel()
-        try:
-            self.session_cm.__exit__(None, None, None)
-        finally:
-            # Waits for the cancelled tasks' own (shielded, bounded) cleanup, then for the
-            # event loop thread to end.
-            self.portal_cm.__exit__(None, None, None)
-
-
-@final
-class Handle(Generic[T]):
-    """A running operation of a :class:`SyncSession`: a future for its result.
-
-    Returned at once by every :class:`SyncSandbox` method and :meth:`SyncSession.run`.
-    Consume many with :func:`wait` or :func:`as_completed`.
-
-    ``result()`` and ``exception()`` raise :class:`RunningEventLoopError` when called from
-    a thread that runs an event loop (even when the handle is done).
-    """
-
-    __slots__ = ("_future", "_owner", "name")
-
-    def __init__(self, future: Future[T], name: str, owner: object) -> None:
-        self._future = future
-        self._owner = owner  # keeps the SyncSandbox (or SyncSession) alive while referenced
-        self.name = name
-        """What is running, for messages (``exec``, ``read_file``, ...)."""
-
-    def result(self, timeout: float | None = None) -> T:
-        """Wait until done, then return the value or raise the operation's error: the same
-        exception the async API raises (:class:`~asyncsandbox.ExecTimeout`, ...), or
-        :class:`~asyncsandbox.OperationCancelled` if the handle was cancelled.
-
-        Blocks. Past ``timeout`` seconds, raises the builtin :class:`TimeoutError` (saying
-        so) and the operation keeps running (an :class:`~asyncsandbox.ExecTimeout`, also a
-        ``TimeoutError``, means instead that the *command* ran out of time).
-        """
-        _check_blocking_allowed("Handle.result()")
-        limit = check.seconds("timeout", timeout)
-        try:
-            return self._future.result(limit)
-        except concurrent.futures.CancelledError:
-            raise OperationCancelled(self.name) from None
-        except TimeoutError:
-            if self._future.done():
-                raise  # the operation's own error (an ExecTimeout...)
-            raise self._waited_too_long(limit) from None
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        """Wait until done, then return the operation's error (``None`` if it succeeded;
-        :class:`~asyncsandbox.OperationCancelled` if cancelled). Blocks; ``timeout`` as for
-        :meth:`result`."""
-        _check_blocking_allowed("Handle.exception()")
-        limit = check.seconds("timeout", timeout)
-        try:
-            return self._future.exception(limit)
-        except concurrent.futures.CancelledError:
-            return OperationCancelled(self.name)
-        except TimeoutError:
-            raise self._waited_too_long(limit) from None
-
-    def _waited_too_long(self, limit: float | None) -> TimeoutError:
-        return TimeoutError(
-            f"{self.name} did not finish within {limit:g}s (the timeout of this wait, not "
-            "of the command); it keeps running: wait again, or cancel() it"
-        )
-
-    def add_done_callback(self, callback: Callable[[Handle[T]], object]) -> None:
-        """Call ``callback(handle)`` once the operation is done (at once if it is). It runs
-        in the event loop thread, or in this one if already done: it must not block."""
-        self._future.add_done_callback(lambda _: callback(self))
-
-    def done(self) -> bool:
-        """True once it finished: with a value, an error, or cancelled. Never blocks."""
-        return self._future.done()
-
-    def cancelled(self) -> bool:
-        """True if it was cancelled. Never blocks."""
-        return self._future.cancelled()
-
-    def cancel(self) -> bool:
-        """Cancel the operation; return False if it had already finished.
-
-        Cancellation: cancels the task running the operation in the event loop, as
-        cancelling an ``await`` would: a running command is killed (its whole process tree)
-        and a sandbox being started is undone. Returns at once; that cleanup finishes in the
-        background (``SyncSession.close()`` waits for it). The handle is done immediately.
-        """
-        return self._future.cancel()
-
-    def __repr__(self) -> str:
-        f = self._future
-        if not f.done():
-            state = "pending"
-        elif f.cancelled():
-            state = "cancelled"
-        else:
-            state = "failed" if f.exception() is not None else "done"
-        return f"<Handle {self.name} {state}>"
 
 
 @final
@@ -648,7 +390,7 @@ class SyncSession:
             metrics_prefix=metrics_prefix,
             warm_pool=warm_pool,
         )
-        self._runtime = _Runtime(self._session, async_library)
+        self._runtime = SyncRuntime(self._session, async_library)
         # A weakref-based atexit hook: runs at interpreter exit, or when this object is
         # collected, whichever comes first, and at most once (close() runs it early).
         self._finalizer = weakref.finalize(self, self._runtime.close)
@@ -686,7 +428,7 @@ class SyncSession:
     @property
     def closed(self) -> bool:
         """True once closed (explicitly, by garbage collection, or at exit)."""
-        return self._runtime.state == _CLOSED
+        return self._runtime.closed
 
     def _launch(
         self, what: str, func: Callable[[], Awaitable[T]], *, keep: object = None
@@ -828,14 +570,14 @@ class SyncSession:
     def metrics(self) -> dict[str, float]:
         """The metrics since the last reset, without reporting them (see
         :meth:`asyncsandbox.Session.metrics`). Blocks briefly (read in the event loop)."""
-        _check_blocking_allowed("SyncSession.metrics()")
+        check_blocking_allowed("SyncSession.metrics()")
         return self._runtime.call_in_loop(self._session.metrics)
 
     def log_metrics(self, step: int | None = None, *, reset: bool = True) -> dict[str, float]:
         """Send :meth:`metrics` to the reporters (``report_to``) at training ``step`` and
         return them (see :meth:`asyncsandbox.Session.log_metrics`). Blocks while the
         reporters run."""
-        _check_blocking_allowed("SyncSession.log_metrics()")
+        check_blocking_allowed("SyncSession.log_metrics()")
         return self._runtime.call_in_loop(
             functools.partial(self._session.log_metrics, step, reset=reset)
         )
@@ -847,7 +589,7 @@ class SyncSession:
         Cancellation: pending handles are cancelled first (their commands killed); their
         cleanup and every removal are waited for, each bounded by the Session's timeouts.
         """
-        _check_blocking_allowed("SyncSession.close()")
+        check_blocking_allowed("SyncSession.close()")
         self._finalizer()
 
     def __enter__(self) -> Self:
@@ -865,92 +607,5 @@ class SyncSession:
         return f"<SyncSession {self._runtime.state} {self._session!r}>"
 
 
-def _as_async(func: Callable[[], T]) -> Callable[[], Awaitable[T]]:
-    async def call() -> T:
-        return func()
-
-    call.__name__ = getattr(func, "__name__", "call")
-    return call
-
-
-def _check_handles(handles: Iterable[Handle[Any]]) -> builtins.list[Handle[Any]]:
-    given: object = handles  # typed as a list, but callers pass anything
-    if isinstance(given, Handle):
-        raise InvalidArgument("expected a list of Handles, got a single Handle")
-    out = builtins.list(dict.fromkeys(handles))
-    for handle in out:
-        if not isinstance(handle, Handle):
-            raise InvalidArgument(
-                f"expected Handle objects (from asyncsandbox.sync), got {type(handle).__name__}"
-            )
-    return out
-
-
-def wait(
-    handles: Iterable[Handle[Any]],
-    *,
-    num_returns: int | None = None,
-    timeout: float | None = None,
-) -> tuple[builtins.list[Handle[Any]], builtins.list[Handle[Any]]]:
-    """Wait until ``num_returns`` of ``handles`` are done (all, by default) or ``timeout``
-    seconds passed; return ``(done, pending)``: ``done`` in order of completion (those
-    already done first, in the order given; at most ``num_returns``), ``pending`` in the
-    order given. The seeds' loop works as is::
-
-        while pending:
-            [handle], pending = wait(pending, num_returns=1)
-
-    A failed or cancelled handle counts as done; ``handle.result()`` raises its error.
-    Handles still pending when the wait ends keep running. Blocks.
-    """
-    _check_blocking_allowed("asyncsandbox.sync.wait()")
-    items = _check_handles(handles)
-    wanted = len(items) if num_returns is None else check.positive_int("num_returns", num_returns)
-    deadline = _deadline(timeout)
-    done: builtins.list[Handle[Any]] = []
-    if wanted and items:
-        try:
-            for handle in _completed(items, deadline):
-                done.append(handle)
-                if len(done) >= wanted:
-                    break
-        except TimeoutError:
-            pass
-    chosen = set(map(id, done))
-    return done, [h for h in items if id(h) not in chosen]
-
-
-def as_completed(
-    handles: Iterable[Handle[Any]], *, timeout: float | None = None
-) -> Iterator[Handle[Any]]:
-    """Yield each of ``handles`` as it finishes (those already done first, in the order
-    given). Blocks while waiting.
-
-    ``timeout`` bounds the whole iteration, from this call; past it, the builtin
-    :class:`TimeoutError` is raised and the remaining handles keep running.
-    """
-    _check_blocking_allowed("asyncsandbox.sync.as_completed()")
-    return _completed(_check_handles(handles), _deadline(timeout))
-
-
-def _deadline(timeout: float | None) -> float | None:
-    limit = check.seconds("timeout", timeout)
-    return None if limit is None else time.monotonic() + limit
-
-
-def _completed(
-    handles: builtins.list[Handle[Any]], deadline: float | None
-) -> Iterator[Handle[Any]]:
-    # Those already done first, in a deterministic order (concurrent.futures would yield
-    # them in set order); its as_completed() removes its waiters when we stop early.
-    ready: builtins.list[Handle[Any]] = []
-    running: dict[Future[Any], Handle[Any]] = {}
-    for handle in handles:
-        if handle.done():
-            ready.append(handle)
-        else:
-            running[handle._future] = handle
-    yield from ready
-    remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-    for future in concurrent.futures.as_completed(running, remaining):
-        yield running[future]
+# Show public objects as `asyncsandbox.sync.X` (see asyncsandbox._util.claim_public).
+claim_public(__name__, globals())

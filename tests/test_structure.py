@@ -69,7 +69,6 @@ LONG_ALLOWED: dict[str, str] = {
         "container, where the package does not exist"
     ),
     "asyncsandbox/_sandbox.py": "not split yet (the public Sandbox): no one's task yet",
-    "asyncsandbox/sync.py": "not split yet (the blocking facade): no one's task yet",
 }
 
 # Import circles still being untangled by others: the circle's modules -> why.

@@ -65,8 +65,8 @@ def _analyze(self: ModuleAnalyzer) -> None:
 
 
 def _merge_private_sources(analyzer: ModuleAnalyzer) -> None:
-    """Give ``analyzer`` (a public module's) the attribute docs, annotations and source
-    order that private modules wrote for the objects the public module exports: entries of
+    """Give ``analyzer`` (a public module's) the attribute docs, annotations, ``@final``
+    marks and source order that private modules wrote for the objects the public module exports: entries of
     a name whose object the private module holds (it defines it or imports it; only the
     definer has entries)."""
     public = importlib.import_module(analyzer.modname)
@@ -93,6 +93,9 @@ def _merge_private_sources(analyzer: ModuleAnalyzer) -> None:
         for key, annotation in other.annotations.items():
             if ours(*key):
                 analyzer.annotations.setdefault(key, annotation)
+        for name in other.finals:  # ``@final``: shown as "final class"
+            if ours(*name.rpartition(".")[::2]) and name not in analyzer.finals:
+                analyzer.finals.append(name)
         offset = len(analyzer.tagorder)
         for name, order in other.tagorder.items():
             if ours(*name.rpartition(".")[::2]):
