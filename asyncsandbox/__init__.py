@@ -53,13 +53,13 @@ from ._registry import (
     available_backends as available_backends,
     create_backend as create_backend,
 )
-from ._sandbox import (
+from ._sandbox import Sandbox as Sandbox
+from ._session import Session as Session, SessionStatistics as SessionStatistics
+from ._streams import (
     CodeStream as CodeStream,
     ExecStream as ExecStream,
     OutputHandler as OutputHandler,
-    Sandbox as Sandbox,
 )
-from ._session import Session as Session, SessionStatistics as SessionStatistics
 from ._util import claim_public as _claim_public
 from ._version import __version__ as __version__
 

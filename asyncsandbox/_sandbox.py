@@ -2,37 +2,30 @@
 
 from __future__ import annotations
 
-import enum
-import inspect
+import functools
 import math
-import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager, suppress
-from dataclasses import dataclass
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from contextlib import asynccontextmanager, suppress
 from os import PathLike
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar, cast, final
+from typing import Any, Self, TypeVar, final
 
 import anyio
 from anyio import TypedAttributeLookupError
 
-from . import _archive, _validate as check
+from . import _archive, _streams, _validate as check
+from ._commands import ExecArgs, code_context_id, code_language, code_request, exec_result, short
 from ._config import SandboxDefaults
 from ._errors import (
     ExecFailed,
     ExecTimeout,
-    InfrastructureError,
     InvalidArgument,
     SandboxClosed,
-    SandboxDied,
     SandboxError,
 )
 from ._interpreter._models import (
-    DEFAULT_CONTEXT,
-    LANGUAGE,
     CodeContext,
-    CodeEvent,
     CodeEventCallback,
     CodeRequest,
     Execution,
@@ -40,81 +33,19 @@ from ._interpreter._models import (
     OutputMessage,
     Result,
 )
-from ._models import ExecResult, OutputChunk, SandboxInfo, Snapshot, Stream
+from ._lifecycle import Lifecycle, SandboxOwner, SandboxState
+from ._models import ExecResult, SandboxInfo, Snapshot, Stream
 from ._output import BoundedBuffer
+from ._streams import CodeStream, ExecStream, OutputHandler
 from ._util import single_error
-from .abc import ExitStatus, SandboxHandle
+from .abc import ExitStatus, OutputCallback, SandboxHandle
 
-if TYPE_CHECKING:
-    from ._pool import Pool
-    from ._runtime import Runtime
-
-__all__ = ("CodeStream", "ExecStream", "OutputHandler", "Sandbox", "SandboxOwner", "SandboxState")
+__all__ = ("Sandbox", "SandboxOwner", "SandboxState")
 
 T = TypeVar("T")
 T_Attr = TypeVar("T_Attr")
-E = TypeVar("E")
-
-OutputHandler = Callable[[E], Awaitable[object] | object]
-"""A ``run_code`` callback (``on_stdout=``, ...): a function or a coroutine function of
-one event, called as the event comes (in the event loop's thread)."""
 
 DEFAULT_READ_LIMIT = 100 * 1024 * 1024
-
-
-class SandboxState(enum.StrEnum):
-    """Where a :class:`Sandbox` is in its life; it only moves forward through these."""
-
-    NEW = "new"
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    CLOSED = "closed"
-
-
-_NEW, _STARTING, _RUNNING, _STOPPING, _CLOSED = SandboxState
-
-
-@dataclass(frozen=True)
-class SandboxOwner:
-    """What a Sandbox gets from its Session: the runtime it calls, the set of the session's
-    started sandboxes (it enters it when started and leaves it when stopped, so that the
-    session can stop what is left), and the warm pool it may take a started sandbox from."""
-
-    runtime: Runtime
-    sandboxes: set[Sandbox]
-    pool: Pool | None
-
-
-class _ExecArgs:
-    __slots__ = ("argv", "check", "cwd", "env", "limit", "stdin", "timeout")
-
-    def __init__(
-        self,
-        sandbox: Sandbox,
-        argv: object,
-        cwd: object,
-        env: object,
-        stdin: object,
-        timeout: object,
-        check_: object,
-        max_output_bytes: object,
-    ) -> None:
-        config = sandbox.config
-        self.argv = check.argv(argv)
-        self.cwd = (
-            config.workdir
-            if cwd is None
-            else check.sandbox_path("cwd", cwd, workdir=config.workdir)
-        )
-        self.env = {**config.env, **check.env("env", env)}
-        self.stdin = check.stdin(stdin)
-        self.timeout = check.seconds("timeout", timeout)
-        if not isinstance(check_, bool):
-            raise InvalidArgument(f"check must be a bool, got {check_!r}")
-        self.check: bool = check_
-        limit = config.max_output_bytes if max_output_bytes is None else max_output_bytes
-        self.limit = check.positive_int("max_output_bytes", limit)
 
 
 @final
@@ -138,30 +69,28 @@ class Sandbox:
         """The effective settings of this sandbox (the session defaults plus overrides)."""
         # attached: a running sandbox of another session (Session.attach); it stays its
         # creator's, so our session's close leaves it, but stop() removes it.
-        self._attached = attached is not None
-        self._state = SandboxState.NEW if attached is None else SandboxState.RUNNING
-        self._handle: SandboxHandle | None = attached
-        self._id: str | None = None if attached is None else attached.id
-        self._start_lock = anyio.Lock()
-        self._dead: SandboxDied | None = None
-        self._failed = False  # an infrastructure failure was seen: never recycled
-        self._scopes: set[anyio.CancelScope] = set()
-        self._log = owner.runtime.log
+        self._life = Lifecycle(owner, config, attached)
         self._execs = 0
         self._stats = dict.fromkeys(
             ("exec_completed_ok", "exec_completed_nonzero", "exec_failures"), 0
         )
-        self.started_at: float | None = None
-        """``time.time()`` when the sandbox became ready."""
-        self.startup_seconds: float | None = None
-        """How long creating and starting it took."""
 
     # -- identity and state -------------------------------------------------------------
 
     @property
+    def started_at(self) -> float | None:
+        """``time.time()`` when the sandbox became ready."""
+        return self._life.started_at
+
+    @property
+    def startup_seconds(self) -> float | None:
+        """How long creating and starting it took."""
+        return self._life.startup_seconds
+
+    @property
     def id(self) -> str | None:
         """The backend's id, once started (kept after it is stopped)."""
-        return self._id
+        return self._life.id
 
     @property
     def tags(self) -> tuple[str, ...]:
@@ -171,12 +100,12 @@ class Sandbox:
     def attached(self) -> bool:
         """Made by another session and attached to (:meth:`Session.attach`): this session's
         close leaves it; :meth:`stop` removes it."""
-        return self._attached
+        return self._life.attached
 
     @property
     def state(self) -> SandboxState:
         """``new``, ``starting``, ``running``, ``stopping`` or ``closed`` (a str enum)."""
-        return self._state
+        return self._life.state
 
     @property
     def exec_count(self) -> int:
@@ -192,14 +121,15 @@ class Sandbox:
 
     def extra(self, attribute: T_Attr, default: Any = TypedAttributeLookupError) -> T_Attr:
         """A backend-specific typed attribute of the started sandbox (see ``asyncsandbox.abc``)."""
-        if self._handle is None:
+        handle = self._life.handle
+        if handle is None:
             raise SandboxClosed("the sandbox is not started")
         if default is TypedAttributeLookupError:
-            return self._handle.extra(attribute)
-        return self._handle.extra(attribute, default)
+            return handle.extra(attribute)
+        return handle.extra(attribute, default)
 
     def __repr__(self) -> str:
-        return f"<Sandbox {self.id or '(not started)'} {self._state}>"
+        return f"<Sandbox {self.id or '(not started)'} {self._life.state}>"
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -211,44 +141,7 @@ class Sandbox:
         Cancellation: a cancelled start leaves nothing behind (the backend undoes a half
         created sandbox) and the sandbox can be started again.
         """
-        if self._state == _RUNNING:
-            return self
-        async with self._start_lock:
-            if self._state == _RUNNING:
-                return self
-            if self._state in (_STOPPING, _CLOSED):
-                raise SandboxClosed("the sandbox was stopped")
-            self._state = _STARTING
-            runtime, pool = self._runtime, self._owner.pool
-            started = anyio.current_time()
-            try:
-                # stop() cancels this scope: a start waiting for capacity gives up at once.
-                with anyio.CancelScope() as scope:
-                    self._scopes.add(scope)
-                    try:
-                        runtime.check_open()
-                        # A hand-over from the warm pool, else a new sandbox.
-                        if pool is not None:
-                            handle = await pool.obtain(self.config)
-                        else:
-                            handle = await runtime.create(runtime.spec(self.config))
-                        self._handle = handle
-                    finally:
-                        self._scopes.discard(scope)
-            except BaseException:
-                if self._state == _STARTING:
-                    self._state = _NEW
-                raise
-            if self._handle is None:
-                raise SandboxClosed("the sandbox was stopped while it started")
-            self.startup_seconds = anyio.current_time() - started
-            self.started_at = time.time()
-            runtime.adopt(self._handle, self.startup_seconds)
-            self._owner.sandboxes.add(self)
-            if self._state == _STARTING:  # else stop() is waiting for this lock to remove it
-                self._state = _RUNNING
-            self._id = self._handle.id
-            self._log = self._log.bind(sandbox_id=self._id)
+        await self._life.start()
         return self
 
     async def stop(self) -> None:
@@ -263,35 +156,9 @@ class Sandbox:
 
         Cancellation: runs shielded, bounded by ``Timeouts.remove``.
         """
-        if self._state == _CLOSED:
-            return
-        self._state = _STOPPING
-        for scope in list(self._scopes):
-            scope.cancel()
-        # Shielded: the sandbox must go even when our caller is being cancelled.
-        with anyio.CancelScope(shield=True):
-            async with self._start_lock:  # a concurrent start() finishes (or fails) first
-                handle, self._handle = self._handle, None
-                self._state = _CLOSED
-                if handle is not None:
-                    try:
-                        # Its code contexts end with the episode, recycled or not.
-                        await self._runtime.drop_interpreter(handle)
-                        if self._attached:
-                            await self._runtime.remove(handle, attached=True)
-                        elif not self._recycled(handle):
-                            await self._runtime.remove(handle)
-                    finally:
-                        self._owner.sandboxes.discard(self)
+        await self._life.stop()
 
     aclose = stop
-
-    def _recycled(self, handle: SandboxHandle) -> bool:
-        pool = self._owner.pool
-        if pool is None or self._dead is not None or self._failed or self.started_at is None:
-            return False
-        age = time.time() - self.started_at + (self.startup_seconds or 0.0)
-        return pool.recycle(handle, self.config, age)
 
     # -- state --------------------------------------------------------------------------
 
@@ -309,9 +176,9 @@ class Sandbox:
         """
         if not isinstance(keep, bool):
             raise InvalidArgument(f"keep must be a bool, got {keep!r}")
-        handle = await self._live_handle()
+        handle = await self._life.live_handle()
         async with self._runtime.slot(handle.id):
-            snapshot_id = await self._guard(self._runtime.snapshot(handle, keep=keep))
+            snapshot_id = await self._life.guard(self._runtime.snapshot(handle, keep=keep))
         return Snapshot(id=snapshot_id, source=handle.id, kept=keep)
 
     async def fork(self, n: int) -> list[Sandbox]:
@@ -358,9 +225,9 @@ class Sandbox:
 
     async def info(self) -> SandboxInfo:
         """The backend's current description of this sandbox."""
-        handle = await self._live_handle()
+        handle = await self._life.live_handle()
         runtime = self._runtime
-        return await self._guard(
+        return await self._life.guard(
             runtime.call("inspect", handle.inspect, timeout=runtime.timeouts.operation)
         )
 
@@ -395,13 +262,8 @@ class Sandbox:
         Cancellation: the command is killed (whole process tree) before the cancellation
         propagates.
         """
-        args = _ExecArgs(self, argv, cwd, env, stdin, timeout, check, max_output_bytes)
-        buffers = {"stdout": BoundedBuffer(args.limit), "stderr": BoundedBuffer(args.limit)}
-
-        async def on_output(stream: Stream, data: bytes) -> None:
-            buffers[stream].write(data)
-
-        return await self._run(args, buffers, on_output)
+        args = ExecArgs(self.config, argv, cwd, env, stdin, timeout, check, max_output_bytes)
+        return await self._run(args)
 
     @asynccontextmanager
     async def exec_stream(
@@ -428,62 +290,42 @@ class Sandbox:
 
         Cancellation: as for :meth:`exec`.
         """
-        args = _ExecArgs(self, argv, cwd, env, stdin, timeout, check, max_output_bytes)
+        args = ExecArgs(self.config, argv, cwd, env, stdin, timeout, check, max_output_bytes)
+        async with _streams.exec_stream(functools.partial(self._run, args)) as stream:
+            yield stream
+
+    async def _run(self, args: ExecArgs, forward: OutputCallback | None = None) -> ExecResult:
+        """Run a command; its output is bounded in the result (and ``forward``-ed as it
+        comes)."""
         buffers = {"stdout": BoundedBuffer(args.limit), "stderr": BoundedBuffer(args.limit)}
-        send, receive = anyio.create_memory_object_stream[OutputChunk](16)
-        stream = ExecStream(receive)
 
-        async def on_output(name: Stream, data: bytes) -> None:
-            buffers[name].write(data)
-            # The reader may have left the block; the command is being killed then.
-            with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                await send.send(OutputChunk(name, data))
+        async def on_output(stream: Stream, data: bytes) -> None:
+            buffers[stream].write(data)
+            if forward is not None:
+                await forward(stream, data)
 
-        async def run() -> None:
-            async with send:
-                try:
-                    stream._result = await self._run(args, buffers, on_output)
-                except Exception as exc:  # noqa: BLE001 - delivered by stream.wait()
-                    stream._error = exc
-
-        with single_error():
-            async with anyio.create_task_group() as tg, receive:
-                tg.start_soon(run)
-                yield stream
-                tg.cancel_scope.cancel()
-
-    async def _run(
-        self,
-        args: _ExecArgs,
-        buffers: dict[str, BoundedBuffer],
-        on_output: Callable[[Stream, bytes], Any],
-    ) -> ExecResult:
         runtime = self._runtime
-        handle = await self._live_handle()
+        handle = await self._life.live_handle()
         async with runtime.slot(handle.id):
             self._execs += 1
             status: ExitStatus | None = None
             started = anyio.current_time()
             deadline = math.inf if args.timeout is None else started + args.timeout
             try:
-                with anyio.CancelScope(deadline=deadline) as scope:
-                    self._scopes.add(scope)
-                    try:
-                        status = await self._guard(
-                            runtime.launch(
-                                "exec",
-                                lambda: handle.exec(
-                                    args.argv,
-                                    cwd=args.cwd,
-                                    env=args.env,
-                                    stdin=args.stdin,
-                                    on_output=on_output,
-                                    timeout=args.timeout,
-                                ),
-                            )
+                with self._life.stoppable(deadline):
+                    status = await self._life.guard(
+                        runtime.launch(
+                            "exec",
+                            lambda: handle.exec(
+                                args.argv,
+                                cwd=args.cwd,
+                                env=args.env,
+                                stdin=args.stdin,
+                                on_output=on_output,
+                                timeout=args.timeout,
+                            ),
                         )
-                    finally:
-                        self._scopes.discard(scope)
+                    )
             except SandboxError as exc:
                 self._finished(None, exc)
                 raise
@@ -491,36 +333,22 @@ class Sandbox:
         # No status means our scope cancelled the call: stop() was called, or the deadline hit.
         timed_out = status is None
         if status is None:
-            if self._state in (_STOPPING, _CLOSED):
+            if self._life.stopped:
                 closed = SandboxClosed("the sandbox was stopped while the command ran")
                 self._finished(None, closed)
                 raise closed
             status = ExitStatus(returncode=137, signal=9)  # the backend SIGKILLed the tree
-        out, err = buffers["stdout"], buffers["stderr"]
-        result = ExecResult(
-            argv=args.argv,
-            returncode=status.returncode,
-            stdout=out.getvalue(),
-            stderr=err.getvalue(),
-            duration=duration,
-            timed_out=timed_out,
-            stdout_truncated=out.truncated,
-            stderr_truncated=err.truncated,
-            stdout_size=out.size,
-            stderr_size=err.size,
-            signal=status.signal,
-            oom_killed=status.oom_killed,
-        )
+        result = exec_result(args, status, buffers, duration=duration, timed_out=timed_out)
         if timed_out:
             error = ExecTimeout(
-                f"command timed out after {args.timeout}s: {_short(args.argv)}", result
+                f"command timed out after {args.timeout}s: {short(args.argv)}", result
             )
             self._finished(result, error)
             raise error
         self._finished(result, None)
         if args.check and result.returncode != 0:
             raise ExecFailed(
-                f"command exited with status {result.returncode}: {_short(args.argv)}", result
+                f"command exited with status {result.returncode}: {short(args.argv)}", result
             )
         return result
 
@@ -582,9 +410,9 @@ class Sandbox:
         Cancellation: the code is interrupted (killed, with its context restarted, if it
         ignores the interrupt) before the cancellation propagates.
         """
-        request = self._code_request(code, context, language, timeout, env, max_output_bytes)
-        handlers = _Handlers(on_stdout, on_stderr, on_result, on_error)
-        return await self._run_code(request, handlers)
+        request = code_request(self.config, code, context, language, timeout, env, max_output_bytes)
+        callbacks = _streams.Callbacks(on_stdout, on_stderr, on_result, on_error)
+        return await self._run_code(request, callbacks)
 
     @asynccontextmanager
     async def run_code_stream(
@@ -610,27 +438,9 @@ class Sandbox:
 
         Cancellation: as for :meth:`run_code`.
         """
-        request = self._code_request(code, context, language, timeout, env, max_output_bytes)
-        send, receive = anyio.create_memory_object_stream[CodeEvent](16)
-        stream = CodeStream(receive)
-
-        async def on_event(event: CodeEvent) -> None:
-            # The reader may have left the block; the code is being interrupted then.
-            with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                await send.send(event)
-
-        async def run() -> None:
-            async with send:
-                try:
-                    stream._execution = await self._run_code(request, on_event)
-                except Exception as exc:  # noqa: BLE001 - delivered by stream.wait()
-                    stream._error = exc
-
-        with single_error():
-            async with anyio.create_task_group() as tg, receive:
-                tg.start_soon(run)
-                yield stream
-                tg.cancel_scope.cancel()
+        request = code_request(self.config, code, context, language, timeout, env, max_output_bytes)
+        async with _streams.code_stream(functools.partial(self._run_code, request)) as stream:
+            yield stream
 
     async def create_code_context(
         self, *, cwd: str | None = None, language: str | None = None
@@ -647,9 +457,9 @@ class Sandbox:
             if cwd is None
             else check.sandbox_path("cwd", cwd, workdir=self.config.workdir)
         )
-        language = _language(language)
-        handle = await self._live_handle()
-        return await self._guard(
+        language = code_language(language)
+        handle = await self._life.live_handle()
+        return await self._life.guard(
             self._runtime.code_call(
                 handle,
                 self.config,
@@ -663,8 +473,8 @@ class Sandbox:
         Cancellation: nothing to undo (it only reads; starting the interpreter's runner, if
         it has none yet, is not needed and not done).
         """
-        handle = await self._live_handle()
-        return await self._guard(
+        handle = await self._life.live_handle()
+        return await self._life.guard(
             self._runtime.code_call(handle, self.config, lambda target: target.list_code_contexts())
         )
 
@@ -674,9 +484,9 @@ class Sandbox:
 
         Cancellation: the restart completes or the context is left as it was.
         """
-        context_id = _context_id(context)
-        handle = await self._live_handle()
-        await self._guard(
+        context_id = code_context_id(context)
+        handle = await self._life.live_handle()
+        await self._life.guard(
             self._runtime.code_call(
                 handle, self.config, lambda target: target.restart_code_context(context_id)
             )
@@ -688,47 +498,20 @@ class Sandbox:
 
         Cancellation: it runs to its end (it only kills).
         """
-        context_id = _context_id(context)
-        handle = await self._live_handle()
-        await self._guard(
+        context_id = code_context_id(context)
+        handle = await self._life.live_handle()
+        await self._life.guard(
             self._runtime.code_call(
                 handle, self.config, lambda target: target.remove_code_context(context_id)
             )
         )
 
-    def _code_request(
-        self,
-        code: object,
-        context: object,
-        language: object,
-        timeout: object,
-        env: object,
-        max_output_bytes: object,
-    ) -> CodeRequest:
-        if not isinstance(code, str):
-            raise InvalidArgument(f"code must be a str, got {type(code).__name__}")
-        if context is not None and language is not None:
-            raise InvalidArgument("give a context or a language, not both")
-        _language(language)
-        limit = self.config.max_output_bytes if max_output_bytes is None else max_output_bytes
-        return CodeRequest(
-            code=code,
-            context=DEFAULT_CONTEXT if context is None else _context_id(context),
-            timeout=check.seconds("timeout", timeout),
-            env=check.env("env", env),
-            max_output_bytes=check.positive_int("max_output_bytes", limit),
-        )
-
     async def _run_code(self, request: CodeRequest, on_event: CodeEventCallback) -> Execution:
-        handle = await self._live_handle()
-        with anyio.CancelScope() as scope:
-            self._scopes.add(scope)  # stop() ends the call (the code is interrupted)
-            try:
-                return await self._guard(
-                    self._runtime.run_code(handle, self.config, request, on_event)
-                )
-            finally:
-                self._scopes.discard(scope)
+        handle = await self._life.live_handle()
+        with self._life.stoppable():  # stop() ends the call (the code is interrupted)
+            return await self._life.guard(
+                self._runtime.run_code(handle, self.config, request, on_event)
+            )
         raise SandboxClosed("the sandbox was stopped while the code ran")
 
     # -- files --------------------------------------------------------------------------
@@ -741,9 +524,9 @@ class Sandbox:
         """
         target = check.sandbox_path("path", path, workdir=self.config.workdir)
         limit = check.positive_int("max_bytes", max_bytes)
-        handle = await self._live_handle()
+        handle = await self._life.live_handle()
         async with self._runtime.slot(handle.id):
-            return await self._guard(
+            return await self._life.guard(
                 self._runtime.launch("read_file", lambda: handle.read_file(target, max_bytes=limit))
             )
 
@@ -757,10 +540,10 @@ class Sandbox:
         if not isinstance(content, bytes | bytearray | memoryview):
             raise InvalidArgument(f"data must be bytes or str, got {type(content).__name__}")
         check.permission_mode("mode", mode)
-        handle = await self._live_handle()
+        handle = await self._life.live_handle()
         payload = bytes(content)
         async with self._runtime.slot(handle.id):
-            await self._guard(
+            await self._life.guard(
                 self._runtime.launch(
                     "write_file", lambda: handle.write_file(target, payload, mode=mode)
                 )
@@ -814,9 +597,9 @@ class Sandbox:
         target = check.sandbox_path("path", path, workdir=self.config.workdir)
         if not isinstance(archive, AsyncIterable):
             raise InvalidArgument(f"archive must be an async iterable of bytes, got {archive!r}")
-        handle = await self._live_handle()
+        handle = await self._life.live_handle()
         async with self._runtime.slot(handle.id):
-            await self._guard(self._runtime.translate(handle.put_archive(target, archive)))
+            await self._life.guard(self._runtime.translate(handle.put_archive(target, archive)))
 
     @asynccontextmanager
     async def get_archive(self, path: str) -> AsyncIterator[AsyncIterator[bytes]]:
@@ -833,8 +616,8 @@ class Sandbox:
         Cancellation: leaving the block stops the transfer.
         """
         source = check.sandbox_path("path", path, workdir=self.config.workdir)
-        handle = await self._live_handle()
-        with self._watched():
+        handle = await self._life.live_handle()
+        with self._life.watched():
             async with (
                 self._runtime.slot(handle.id),
                 self._runtime.stream(handle.get_archive(source)) as chunks,
@@ -843,37 +626,9 @@ class Sandbox:
 
     # -- internals ----------------------------------------------------------------------
 
-    async def _live_handle(self) -> SandboxHandle:
-        if self._dead is not None:
-            raise self._dead
-        if self._state != _RUNNING:
-            await self.start()
-        handle = self._handle
-        if handle is None:
-            raise SandboxClosed("the sandbox was stopped")
-        return handle
-
-    async def _guard(self, call: Awaitable[T]) -> T:
-        """A call of this sandbox through the runtime, :meth:`_watched`."""
-        with self._watched():
-            return await call
-
-    @contextmanager
-    def _watched(self) -> Iterator[None]:
-        """Remember this sandbox's death, and any infrastructure failure (a sandbox that
-        had one is never recycled), raised by what runs inside."""
-        try:
-            yield
-        except SandboxDied as exc:
-            self._mark_dead(exc)
-            raise
-        except InfrastructureError:
-            self._failed = True
-            raise
-
     def _finished(self, result: ExecResult | None, error: BaseException | None) -> None:
         """Account for a command's end: in the runtime's metrics and our own stats."""
-        self._runtime.exec_finished(self._id, result, error)
+        self._runtime.exec_finished(self._life.id, result, error)
         if result is None or result.timed_out:
             self._stats["exec_failures"] += 1
         elif result.returncode == 0:
@@ -881,7 +636,7 @@ class Sandbox:
         else:
             self._stats["exec_completed_nonzero"] += 1
         if result is not None:
-            self._log.debug(
+            self._life.log.debug(
                 "sandbox.exec.finished",
                 argv0=result.argv[0],
                 returncode=result.returncode,
@@ -889,126 +644,7 @@ class Sandbox:
                 timed_out=result.timed_out,
             )
 
-    def _mark_dead(self, error: SandboxDied) -> None:
-        if self._dead is None:
-            self._dead = error
-            self._log.warning("sandbox.died", reason=error.reason)
-
-
-class ExecStream:
-    """A running command from :meth:`Sandbox.exec_stream`: iterate for output chunks."""
-
-    def __init__(self, receive: anyio.abc.ObjectReceiveStream[OutputChunk]) -> None:
-        self._receive = receive
-        self._result: ExecResult | None = None
-        self._error: Exception | None = None
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> OutputChunk:
-        try:
-            return await self._receive.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise StopAsyncIteration from None
-
-    async def wait(self) -> ExecResult:
-        """Wait for the command to finish (discarding output not iterated yet) and return
-        its result; raises as :meth:`Sandbox.exec` would (:class:`ExecTimeout`, ...)."""
-        async for _ in self:
-            pass
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
-
-
-class CodeStream:
-    """Running code from :meth:`Sandbox.run_code_stream`: iterate for its events
-    (:class:`OutputMessage`, :class:`Result`, :class:`ExecutionError`) as they come."""
-
-    def __init__(self, receive: anyio.abc.ObjectReceiveStream[CodeEvent]) -> None:
-        self._receive = receive
-        self._execution: Execution | None = None
-        self._error: Exception | None = None
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> CodeEvent:
-        try:
-            return await self._receive.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise StopAsyncIteration from None
-
-    async def wait(self) -> Execution:
-        """Wait for the code to finish (discarding events not iterated yet) and return its
-        :class:`Execution`; raises as :meth:`Sandbox.run_code` would
-        (:class:`ExecTimeout`, ...)."""
-        async for _ in self:
-            pass
-        if self._error is not None:
-            raise self._error
-        assert self._execution is not None
-        return self._execution
-
-
-class _Handlers:
-    """``run_code``'s E2B-style callbacks, as one event callback."""
-
-    def __init__(
-        self,
-        on_stdout: OutputHandler[OutputMessage] | None,
-        on_stderr: OutputHandler[OutputMessage] | None,
-        on_result: OutputHandler[Result] | None,
-        on_error: OutputHandler[ExecutionError] | None,
-    ) -> None:
-        for name, value in (
-            ("on_stdout", on_stdout),
-            ("on_stderr", on_stderr),
-            ("on_result", on_result),
-            ("on_error", on_error),
-        ):
-            if value is not None and not callable(value):
-                raise InvalidArgument(f"{name} must be callable, got {value!r}")
-        self._on_stdout = on_stdout
-        self._on_stderr = on_stderr
-        self._on_result = on_result
-        self._on_error = on_error
-
-    async def __call__(self, event: CodeEvent) -> None:
-        handler: Callable[[Any], object] | None
-        if isinstance(event, OutputMessage):
-            handler = cast(Any, self._on_stderr if event.error else self._on_stdout)
-        elif isinstance(event, Result):
-            handler = cast(Any, self._on_result)
-        else:
-            handler = cast(Any, self._on_error)
-        if handler is not None:
-            outcome = handler(event)
-            if inspect.isawaitable(outcome):
-                await outcome
-
-
-def _language(language: object) -> str:
-    if language is None:
-        return LANGUAGE
-    if not isinstance(language, str) or language.strip().lower() != LANGUAGE:
-        raise InvalidArgument(f"code runs as python; language {language!r} is not supported")
-    return LANGUAGE
-
-
-def _context_id(context: object) -> str:
-    if isinstance(context, CodeContext):
-        return context.id
-    return check.identifier("context", context)
-
 
 async def _stop_quietly(sandbox: Sandbox) -> None:
     with suppress(SandboxError):  # logged by the runtime; the error being raised matters
         await sandbox.stop()
-
-
-def _short(argv: tuple[str, ...], limit: int = 120) -> str:
-    text = " ".join(argv)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -28,6 +28,7 @@ from ._judge._model import (
     Program,
     TestCase,
 )
+from ._lifecycle import Lifecycle, SandboxOwner
 from ._limits import Limiter, LimiterStatistics
 from ._log import get_logger
 from ._metrics import Metrics, MetricsReporter, resolve_reporters
@@ -35,7 +36,7 @@ from ._models import ExecResult, SandboxInfo, SandboxStatus, Snapshot, SnapshotI
 from ._operations import Operation, start as start_operation
 from ._pool import Pool
 from ._runtime import Runtime
-from ._sandbox import Sandbox, SandboxOwner
+from ._sandbox import Sandbox
 from .abc import Backend
 
 __all__ = ("Session", "SessionStatistics")
@@ -165,7 +166,7 @@ class Session:
             log=self._log,
         )
         self._pool = Pool(self._runtime, warm_pool, self.defaults)
-        self._sandboxes: set[Sandbox] = set()
+        self._sandboxes: set[Lifecycle] = set()  # of the sandboxes started, not stopped
         self._owner = SandboxOwner(self._runtime, self._sandboxes, self._pool)
         self._task_group: anyio.abc.TaskGroup | None = None
 
@@ -246,7 +247,7 @@ class Session:
         # this runtime exists to prevent. Every step below is bounded by its own deadline.
         with anyio.CancelScope(shield=True):
 
-            async def stop(sandbox: Sandbox) -> None:
+            async def stop(sandbox: Lifecycle) -> None:
                 try:
                     await sandbox.stop()
                 except Exception as exc:  # noqa: BLE001 - every sandbox gets its turn first

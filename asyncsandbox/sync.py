@@ -50,8 +50,8 @@ from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts, WarmPool
 from ._interpreter._models import CodeContext, Execution, ExecutionError, OutputMessage, Result
 from ._metrics import MetricsReporter
 from ._models import ExecResult, SandboxInfo, SandboxStatus, Snapshot, SnapshotInfo
-from ._sandbox import OutputHandler
 from ._session import SessionStatistics
+from ._streams import OutputHandler
 from ._synchandle import Handle, as_completed, wait
 from ._syncloop import RunningEventLoopError, SyncRuntime, check_blocking_allowed
 from ._util import claim_public

@@ -223,7 +223,7 @@ async def process_launch_failure(sandbox: Sandbox) -> AsyncIterator[None]:
     from asyncsandbox._process import ProcessAttributes
 
     async with process_launcher_broken(sandbox.extra(ProcessAttributes.root)):
-        handle: Any = sandbox._handle
+        handle: Any = sandbox._life.handle
         await handle.stop_executor()
         yield
 

@@ -216,7 +216,7 @@ async def test_fork_bomb_is_contained(process_root: Path) -> None:
     bomb = "b() { b | b & }; (b)"
     async with session(process_root, defaults=defaults) as s, s.sandbox() as sb:
         await sb.exec(["true"])
-        group = sb._handle._box.cgroup  # type: ignore[union-attr]
+        group = sb._life.handle._box.cgroup  # type: ignore[union-attr]
         assert group is not None
         with pytest.raises(ExecTimeout):
             # The shell forks once, before the bomb goes off, then `exec`s: a shell that
@@ -632,7 +632,7 @@ async def test_a_command_starts_clean(mechanism: str, process_root: Path) -> Non
 async def test_an_idle_executor_stops_and_the_next_command_starts_one(process_root: Path) -> None:
     async with fast_session(process_root, executor_idle=0.3) as s, s.sandbox() as sb:
         assert (await sb.exec(["echo", "one"])).stdout == b"one\n"
-        handle: Any = sb._handle
+        handle: Any = sb._life.handle
         first = handle._path.executor
         assert first is not None
         await eventually_async(
@@ -653,7 +653,7 @@ async def test_a_killed_executor_is_an_infrastructure_error_then_replaced(
     marker = f"1000.{uuid.uuid4().int % 10**8}"
     async with fast_session(process_root) as s, s.sandbox() as sb:
         await sb.exec(["true"])
-        handle: Any = sb._handle
+        handle: Any = sb._life.handle
         launcher = handle._path.executor.process
 
         async def kill_when_running() -> None:

@@ -116,7 +116,7 @@ async def _where(sandbox: Any) -> dict[str, Any]:
     """Facts reported by the actor on the sandbox's node (its Ray runtime context)."""
     from asyncsandbox_ray._backend import _result
 
-    handle: Any = sandbox._handle
+    handle: Any = sandbox._life.handle
     return dict(await _result(handle._actor.where.remote(), 30))
 
 

@@ -68,7 +68,6 @@ LONG_ALLOWED: dict[str, str] = {
         "one program, never imported: sent whole as `python3 -I -S -c SOURCE` into the "
         "container, where the package does not exist"
     ),
-    "asyncsandbox/_sandbox.py": "not split yet (the public Sandbox): no one's task yet",
 }
 
 # Import circles still being untangled by others: the circle's modules -> why.

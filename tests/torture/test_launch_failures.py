@@ -143,7 +143,7 @@ async def test_a_sandbox_that_cannot_be_set_up_raises_launch_error(mechanism: st
             Session("process", backend_options=options, retries=retries, sweep=False) as s,
             s.sandbox() as sb,
         ):
-            etc = anyio.Path(sb._handle._box.layout.etc)  # type: ignore[union-attr]
+            etc = anyio.Path(sb._life.handle._box.layout.etc)  # type: ignore[union-attr]
             aside = etc.with_name(etc.name + ".aside")
             await etc.rename(aside)
             with capture_logs() as logs, pytest.raises(LaunchError) as caught:
@@ -168,7 +168,7 @@ async def test_a_transient_launch_failure_is_retried(mechanism: str) -> None:
             Session("process", backend_options=options, retries=retries, sweep=False) as s,
             s.sandbox() as sb,
         ):
-            etc = anyio.Path(sb._handle._box.layout.etc)  # type: ignore[union-attr]
+            etc = anyio.Path(sb._life.handle._box.layout.etc)  # type: ignore[union-attr]
             aside = etc.with_name(etc.name + ".aside")
             await etc.rename(aside)
             with capture_logs() as logs:
