@@ -57,9 +57,6 @@ LONG_ALLOWED: dict[str, str] = {
         "one program, never imported by the package: sent whole as `python3 -c SOURCE` into "
         "the sandbox, where the package does not exist"
     ),
-    "backends/remote/asyncsandbox_remote/_handlers.py": (
-        "not split yet (the server's routes); the next step of issue 28, with the circle below"
-    ),
     "asyncsandbox/_process/_launcher.py": (
         "one program, never imported: compiled whole and run in a fresh interpreter before "
         "the sandbox's filesystem exists (python -I -S), so it cannot import a sibling"
@@ -71,18 +68,7 @@ LONG_ALLOWED: dict[str, str] = {
 }
 
 # Import circles still being untangled by others: the circle's modules -> why.
-CIRCLES_ALLOWED: dict[frozenset[str], str] = {
-    frozenset(
-        {
-            "asyncsandbox_remote._app",
-            "asyncsandbox_remote._e2b",
-            "asyncsandbox_remote._e2b._control",
-            "asyncsandbox_remote._e2b._router",
-            "asyncsandbox_remote._fusion",
-            "asyncsandbox_remote._handlers",
-        }
-    ): "the remote server's handlers hold the RemoteServer: not untangled yet (issue 28)",
-}
+CIRCLES_ALLOWED: dict[frozenset[str], str] = {}
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ import binascii
 import math
 import time
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
@@ -91,10 +91,8 @@ from asyncsandbox.log import get_logger
 
 from . import _wire as w
 from ._errors import CLIENT_CLOSED_REQUEST, HttpError, bad_request, error_for
+from ._serverstate import ServerState
 from ._streaming import decode, json_response, until_disconnect
-
-if TYPE_CHECKING:
-    from ._app import RemoteServer
 
 __all__ = ("UNSUPPORTED_ROUTES", "FusionHandlers")
 
@@ -203,7 +201,7 @@ RUN_JUPYTER_RESPONSE: w.Codec[RunJupyterResponse] = w.Codec(RunJupyterResponse)
 class FusionHandlers:
     """The SandboxFusion routes of one server (see the module docstring)."""
 
-    def __init__(self, server: RemoteServer) -> None:
+    def __init__(self, server: ServerState) -> None:
         self.server = server
         self.config = server.config
         self.tenancy = server.tenancy

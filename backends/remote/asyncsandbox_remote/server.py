@@ -34,8 +34,9 @@ from asyncsandbox import Limits, SandboxError, Timeouts
 from asyncsandbox.abc import Backend
 from asyncsandbox.cli import parse_backend_options
 
-from ._app import RemoteServer, create_app
+from ._app import create_app
 from ._config import KEYS_ENV, ServerConfig, Tenant, load_tenants
+from ._serverstate import ServerState
 
 __all__ = ("ServerConfig", "Tenant", "create_app", "load_tenants", "main", "serve")
 
@@ -82,7 +83,7 @@ async def serve(
     import uvicorn
 
     app = create_app(config, tenants, backend=backend, version=_version())
-    state: RemoteServer = app.state.server
+    state: ServerState = app.state.server
     sock = _bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
     scheme = "https" if config.tls_cert else "http"

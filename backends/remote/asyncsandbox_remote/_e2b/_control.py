@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qsl
 
 import anyio
@@ -30,6 +30,7 @@ from starlette.routing import Route
 from asyncsandbox import Sandbox, SandboxError
 
 from .._errors import HttpError, error_for
+from .._serverstate import ServerState
 from .._streaming import read_body
 from .._tenancy import Record, TenantState
 from . import _wire as w
@@ -39,9 +40,6 @@ from ._openapi import CONTROL, e2b_openapi
 from ._processes import Processes
 from ._state import ENVD_VERSION, E2bSandbox, Registry, new_id
 from ._watch import Watchers
-
-if TYPE_CHECKING:
-    from .._app import RemoteServer
 
 __all__ = ("DEFAULT_TEMPLATES", "ControlPlane", "e2b_error")
 
@@ -118,7 +116,7 @@ class ControlPlane:
     """The control-plane routes (see the module docstring). Their sandboxes are in
     :attr:`registry`, which envd's routes (:mod:`._router`) look up."""
 
-    def __init__(self, server: RemoteServer) -> None:
+    def __init__(self, server: ServerState) -> None:
         self.server = server
         self.config = server.config
         self.tenancy = server.tenancy

@@ -20,7 +20,7 @@ import binascii
 import gzip
 import posixpath
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from connectrpc.errors import ConnectError
@@ -33,15 +33,13 @@ from starlette.types import Message, Receive, Scope, Send
 from asyncsandbox import InvalidArgument, SandboxError, SandboxFileError
 
 from .._errors import HttpError, error_for
+from .._serverstate import ServerState
 from .._streaming import read_body
 from ._control import ControlPlane, e2b_error
 from ._envd import applications
 from ._fs import resolve
 from ._interpreter import Interpreter
 from ._state import E2bSandbox
-
-if TYPE_CHECKING:
-    from .._app import RemoteServer
 
 __all__ = ("E2bRouter",)
 
@@ -57,7 +55,7 @@ FILE_STATUS = {"not_found": 404, "permission": 403, "too_large": 413}
 class E2bRouter:
     """The ASGI application in front of the server's (see the module docstring)."""
 
-    def __init__(self, app: Starlette, server: RemoteServer, control: ControlPlane) -> None:
+    def __init__(self, app: Starlette, server: ServerState, control: ControlPlane) -> None:
         self.app = app
         self.state = app.state
         self.server = server
