@@ -136,6 +136,17 @@ def text(result: types.CallToolResult) -> str:
     return block.text
 
 
+# The server under test is a process of its own: what these tests prove is the server's,
+# whatever loop the client runs on, so they run on asyncio; the tests marked with both
+# loops show the SDK's client against the server on trio too.
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+BOTH_LOOPS = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+
+
 @asynccontextmanager
 async def stdio_client(root: Path, *args: str) -> AsyncIterator[Client]:
     async with Client(stdio(root, *args)) as client:
@@ -169,6 +180,7 @@ def connect(transport: Transport) -> Callable[[], AbstractAsyncContextManager[Cl
 # -- the tools ------------------------------------------------------------------------------
 
 
+@BOTH_LOOPS
 async def test_the_tools_are_the_toolboxs_with_its_schemas_and_mcp_hints(
     connect: Callable[[], AbstractAsyncContextManager[Client]],
 ) -> None:
@@ -199,6 +211,7 @@ async def test_the_tools_are_the_toolboxs_with_its_schemas_and_mcp_hints(
         assert hint.destructive_hint is True
 
 
+@BOTH_LOOPS
 async def test_run_code_keeps_its_state_and_returns_errors_with_their_traceback(
     connect: Callable[[], AbstractAsyncContextManager[Client]],
 ) -> None:
@@ -304,6 +317,7 @@ async def test_two_sessions_have_two_sandboxes(
         assert text(await second.call_tool("read_file", {"path": "mine"})) == "second\n"
 
 
+@BOTH_LOOPS
 async def test_a_timeout_ends_the_call_and_keeps_the_session(
     connect: Callable[[], AbstractAsyncContextManager[Client]],
 ) -> None:

@@ -251,7 +251,9 @@ def commands_in(pids: set[int]) -> list[bytes]:
 
 
 # On asyncio: the runtime's cancellation is proven on both loops on the fake backend
-# (test_session.py), and the process backend's on trio by the conformance suite.
+# (test_session.py), and the process backend's on trio by the conformance suite. Slow: 200
+# sandboxes (about 18 s on two cores); cancelling a few mid-exec is in the conformance suite.
+@pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_cancelling_200_sandboxes_mid_exec_leaves_nothing(process_root: Path) -> None:
     """Done-when of the core issue: cancel a task group of 200 sandboxes mid-exec; no
