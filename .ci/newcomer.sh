@@ -50,7 +50,7 @@ as_unprivileged() {
     as_root su "$UNPRIVILEGED_USER" -s /bin/bash -c "
         set -e
         cd ~/checkout
-        /usr/local/bin/uv-ci sync --quiet --python /usr/bin/python3
+        /usr/local/bin/uv-ci sync --quiet --compile-bytecode --python /usr/bin/python3
         export PATH=\$HOME/checkout/.venv/bin:\$PATH
         $1"
 }
