@@ -240,6 +240,103 @@ async def test_matplotlib_figures_come_back_as_png(target: Target) -> None:
         assert (await sb.run_code("plt.get_fignums()")).text == "[]"
 
 
+async def test_shell_lines_run_as_in_a_notebook(target: Target) -> None:
+    # IPython's `!cmd` lines: a shell command in the context's directory, its output
+    # (stdout and stderr, merged as IPython's) as the cell's; `{expr}` and `$name`
+    # expanded from the code's namespace; `x = !cmd` gives its lines; `_exit_code`.
+    code = textwrap.dedent(
+        """
+        name = "world"
+        !echo hello {name.upper()} $name; pwd; echo to-stderr >&2
+        for i in range(2):
+            !echo "loop $i"
+        lines = !printf 'a\\nb\\n'
+        lines
+        """
+    )
+    async with sandbox(target) as sb:
+        ran = await sb.run_code(code)
+        assert ran.error is None, ran.error
+        assert stdout(ran) == (
+            f"hello WORLD world\n{sb.config.workdir}\nto-stderr\nloop 0\nloop 1\n"
+        )
+        assert ran.text == "['a', 'b']"
+        failed = await sb.run_code("!exit 3\n_exit_code")
+        assert failed.text == "3"
+        # Python that parses stays Python: a `!` line inside a string is text.
+        text = await sb.run_code('x = """\n!echo no\n"""\nx')
+        assert text.text == repr("\n!echo no\n")
+        assert stdout(text) == ""
+        # What is neither Python nor a shell line is the cell's own syntax error.
+        broken = await sb.run_code("!echo fine\ndef f(:")
+        assert broken.error is not None
+        assert broken.error.name == "SyntaxError"
+        assert stdout(broken) == ""
+        # A shell line that times out is interrupted, its command tree killed.
+        mark = marker()
+        with pytest.raises(ExecTimeout) as raised:
+            await sb.run_code(f"!sleep {mark} & sleep {mark}", timeout=2)
+        execution = raised.value.execution
+        assert execution is not None
+        assert execution.error is not None
+        assert execution.error.name == "KeyboardInterrupt"
+        assert not execution.restarted
+        await eventually_async(
+            lambda: not processes_with(mark), within=30, what="the command's tree is killed"
+        )
+        assert (await sb.run_code("name")).text == "'world'"
+
+
+async def test_pil_images_and_dataframes_become_results(target: Target) -> None:
+    # As E2B's code interpreter shows them: a PIL image shown (`show()`) or saved to a
+    # file name is a PNG result; a pandas DataFrame's columns are its `e2b/data` (and any
+    # object's `_repr_e2b_data_`).
+    overrides = {"image": ROOTFS} if target.kind in ("process", "remote") and ROOTFS else {}
+    async with sandbox(target, **overrides) as sb:
+        own = await sb.run_code(
+            "class Table:\n"
+            "    def _repr_e2b_data_(self): return {'a': [1, 2]}\n"
+            "    def __repr__(self): return 'Table()'\n"
+            "Table()"
+        )
+        assert own.error is None, own.error
+        assert own.results[0].extra == {"e2b/data": {"a": [1, 2]}}
+        probe = await sb.run_code("import PIL.Image")
+        if probe.error is not None:
+            pytest.skip(f"no PIL in the {target.kind} sandbox's python3: {probe.error.value}")
+        code = textwrap.dedent(
+            """
+            from PIL import Image
+            image = Image.new("RGB", (4, 4), "red")
+            image.show()
+            print("shown")
+            image.save("red.png")
+            import os
+            os.path.getsize("red.png") > 0
+            """
+        )
+        execution = await sb.run_code(code)
+        assert execution.error is None, execution.error
+        shown, saved, main = execution.results
+        for result in (shown, saved):
+            assert result.png is not None
+            assert result.png.startswith(b"\x89PNG\r\n\x1a\n")
+            assert not result.is_main_result
+        assert main.text == "True"
+        assert stdout(execution) == "shown\n"
+        probe = await sb.run_code("import pandas")
+        if probe.error is not None:
+            pytest.skip(f"no pandas in the {target.kind} sandbox's python3: {probe.error.value}")
+        frame = await sb.run_code(
+            "import pandas as pd\n"
+            "pd.DataFrame({'a': [1, 2, None], 'when': pd.to_datetime(['2024-01-02'] * 3)})"
+        )
+        assert frame.error is None, frame.error
+        data = frame.results[0].extra["e2b/data"]
+        assert data["a"] == [1.0, 2.0, None]
+        assert data["when"][0].startswith("2024-01-02T00:00:00")
+
+
 async def test_exceptions_are_data_and_the_state_stays(target: Target) -> None:
     async with sandbox(target) as sb:
         failed = await sb.run_code("a = 1\nprint('before')\nb = a / 0\nc = 3")

@@ -876,6 +876,7 @@ class Kernel:
         sys.modules["__main__"] = main
         self.namespace = main.__dict__
         builtins.display = self.display  # type: ignore[attr-defined]
+        setattr(builtins, SHELL, Shell(self))  # what `!cmd` lines call
         kernel = self
         start = self.threading.Thread.start
 
@@ -891,6 +892,7 @@ class Kernel:
                     "matplotlib.pyplot": self.patch_pyplot,
                     "IPython.display": self.patch_ipython,
                     "IPython.core.display_functions": self.patch_ipython,
+                    "PIL.Image": self.patch_pil,
                 }
             ),
         )
@@ -906,6 +908,24 @@ class Kernel:
     def patch_ipython(self, module: Any) -> None:
         if hasattr(module, "display"):
             module.display = self.display
+
+    def patch_pil(self, module: Any) -> None:
+        """As E2B's code interpreter: an image shown, or saved to a file name, is a result
+        (``show()`` has no viewer to open here)."""
+        kernel = self
+        image = module.Image
+        save = image.save
+
+        def show_image(self: Any, *args: Any, **kwargs: Any) -> None:
+            kernel.display(self)
+
+        def save_image(self: Any, fp: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(fp, (str, os.PathLike)):
+                kernel.display(self)
+            return save(self, fp, *args, **kwargs)
+
+        image.show = show_image
+        image.save = save_image
 
     # -- threads and interrupts --
 
@@ -1018,7 +1038,6 @@ class Kernel:
                     self.call = None
 
     def run(self, source: str) -> None:
-        import ast
         import linecache
 
         self.count += 1
@@ -1026,8 +1045,8 @@ class Kernel:
         lines = source.splitlines(True)
         linecache.cache[filename] = (len(source), None, lines, filename)
         try:
-            tree = ast.parse(source, filename)
-            body, last = self.split(tree, source)
+            tree, parsed = self.parse(source, filename)
+            body, last = self.split(tree, parsed)
         except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError) as exc:
             self.report(exc, compile_error=True)
             return
@@ -1052,6 +1071,24 @@ class Kernel:
                 self.report(exc)
         finally:
             self.interruptible = False
+
+    def parse(self, source: str, filename: str) -> tuple[Any, str]:
+        """The cell's tree, and the source it was parsed from: the cell itself, else (when
+        it is not Python) the cell with its ``!cmd`` lines as calls; else the cell's own
+        syntax error."""
+        import ast
+
+        try:
+            return ast.parse(source, filename), source
+        except SyntaxError as exc:
+            error = exc
+        shell = shell_lines(source)
+        if shell is not None:
+            try:
+                return ast.parse(shell, filename), shell
+            except SyntaxError:
+                pass
+        raise error
 
     def split(self, tree: Any, source: str) -> tuple[Any, Any]:
         """The cell's statements but the last expression, and that expression (``None``
@@ -1111,7 +1148,7 @@ class Kernel:
             tb = tb.tb_next  # from the code's first frame on, not ours
         ours = {
             getattr(function, "__func__", function).__code__
-            for owner in (Kernel, Stream, RawStream)
+            for owner in (Kernel, Stream, RawStream, Shell)
             for function in vars(owner).values()
             if hasattr(getattr(function, "__func__", function), "__code__")
         }
@@ -1177,7 +1214,34 @@ class Kernel:
                 self.send({"type": "result", "call": self.call}, payload)
 
     def bundle(self, obj: Any) -> dict[str, Any]:
-        """The formats of ``obj``, by MIME type (binary ones base64-encoded)."""
+        """The formats of ``obj``, by MIME type (binary ones base64-encoded), with its
+        table as E2B's code interpreter gives it (``e2b/data``)."""
+        data = self.formats(obj)
+        if type(obj) not in PLAIN and not isinstance(obj, type):
+            table = self.table(obj)
+            if table is not None:
+                data["e2b/data"] = table
+        return data
+
+    def table(self, obj: Any) -> Any:
+        """A pandas DataFrame's columns (``{name: [values]}``, dates in ISO format), or
+        what the object's ``_repr_e2b_data_`` gives (the two E2B's formatter knows)."""
+        pandas = sys.modules.get("pandas")
+        frame = getattr(pandas, "DataFrame", None)
+        if frame is not None and isinstance(obj, frame):
+            try:
+                return {
+                    str(name): json.loads(
+                        obj.iloc[:, i].to_json(orient="values", date_format="iso")
+                    )
+                    for i, name in enumerate(obj.columns)
+                }
+            except Exception:  # noqa: BLE001 - a frame that will not convert: its other formats
+                return None
+        value = self.call_repr(obj, "_repr_e2b_data_")
+        return value if isinstance(value, (dict, str)) else None
+
+    def formats(self, obj: Any) -> dict[str, Any]:
         if type(obj) in PLAIN:
             return {"text/plain": repr(obj)}
         figure = self.figure_png(obj)
@@ -1286,6 +1350,103 @@ class Kernel:
                 self.publish_bundle(self.render(manager.canvas.figure), main=False)
         finally:
             pyplot.close("all")
+
+
+SHELL = "__asyncsandbox_shell__"
+SHELL_LINE = (
+    r"^([ \t]*)(?:([A-Za-z_][\w.]*(?:[ \t]*,[ \t]*[A-Za-z_][\w.]*)*)[ \t]*=[ \t]*)?"
+    r"!(!?)(.*?)(\r?\n)?$"
+)
+
+
+def shell_lines(source: str) -> str | None:
+    """The cell with each IPython shell line as a call of the kernel's :class:`Shell`
+    (``!cmd``: run it; ``x = !cmd`` and ``!!cmd``: its output's lines), one line for one
+    (the traceback's line numbers stay); ``None`` when it has none."""
+    import re
+
+    pattern = re.compile(SHELL_LINE)
+    lines = source.splitlines(True)
+    changed = False
+    for i, line in enumerate(lines):
+        match = pattern.match(line)
+        if match is None or not match.group(4).strip():
+            continue
+        indent, target, output, command, end = match.groups()
+        call = "%s.%s(%r)" % (SHELL, "getoutput" if target or output else "system", command)
+        lines[i] = indent + ("%s = %s" % (target, call) if target else call) + (end or "")
+        changed = True
+    return "".join(lines) if changed else None
+
+
+class Shell:
+    """IPython's shell lines: the command runs in ``/bin/bash`` (else ``/bin/sh``) in the
+    context's directory, its stdout and stderr merged (as IPython's), after ``{expr}`` and
+    ``$name`` are expanded from the code's namespace (the command as written when one
+    does not expand, as IPython's ``var_expand``). An interrupt kills its process group."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+
+    def system(self, command: str) -> None:
+        """``!cmd``: its output is the cell's; its status is ``_exit_code``."""
+        self.kernel.namespace["_exit_code"] = self.run(command, None)
+
+    def getoutput(self, command: str) -> list[str]:
+        """``x = !cmd``: its output's lines."""
+        sink: list[str] = []
+        self.run(command, sink)
+        return "".join(sink).splitlines()
+
+    def expand(self, command: str) -> str:
+        import re
+
+        namespace = self.kernel.namespace
+
+        def one(match: Any) -> str:
+            if match.group(0) == "$$":
+                return "$"
+            if match.group(1) is not None:
+                return str(namespace[match.group(1)])
+            return str(eval(match.group(2), namespace))  # as IPython's: the code's own
+
+        try:
+            return re.sub(r"\$\$|\$([A-Za-z_]\w*)|\{([^{}]+)\}", one, command)
+        except Exception:  # noqa: BLE001 - as IPython: the command as written
+            return command
+
+    def run(self, command: str, sink: list[str] | None) -> int:
+        import codecs
+        import subprocess
+
+        shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+        self.kernel.flush_streams()
+        process = subprocess.Popen(
+            [shell, "-c", self.expand(command)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        assert process.stdout is not None
+        try:
+            while True:
+                data = os.read(process.stdout.fileno(), CHUNK)
+                text = decoder.decode(data, final=not data)
+                if sink is not None:
+                    sink.append(text)
+                elif text:
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+                if not data:
+                    return process.wait()
+        except BaseException:
+            kill(-process.pid)  # interrupted: the command's whole group goes
+            process.wait()
+            raise
+        finally:
+            process.stdout.close()
 
 
 class PostImport:
