@@ -94,6 +94,21 @@ def test_callbacks_stream_output_results_and_errors(sandbox: Sandbox) -> None:
     assert "forged" in "".join(forged.logs.stdout)
 
 
+def test_shell_lines_and_tables_as_e2b_gives_them(sandbox: Sandbox) -> None:
+    # `!cmd` runs in the context's directory (E2B's `!pwd` test), and a table is the
+    # result's `data` (E2B's `e2b/data`; here through `_repr_e2b_data_`, which every
+    # sandbox's python3 has, where a DataFrame needs pandas).
+    shell = sandbox.run_code("!pwd")
+    assert shell.error is None
+    assert "".join(shell.logs.stdout).strip() == "/home/user"
+    table = sandbox.run_code(
+        "class Table:\n    def _repr_e2b_data_(self): return {'a': [1, 2, 3]}\nTable()"
+    )
+    assert table.error is None
+    assert table.results[0].data == {"a": [1, 2, 3]}
+    assert "data" in table.results[0].formats()
+
+
 def test_a_result_with_text_and_png(sandbox: Sandbox) -> None:
     probe = sandbox.commands.run("python3 -c 'import matplotlib, numpy' && echo yes || echo no")
     if probe.stdout.strip() != "yes":
@@ -184,6 +199,14 @@ def test_contexts(sandbox: Sandbox) -> None:
     with pytest.raises(NotFoundException):
         sandbox.remove_code_context("no-such-context")
     assert sandbox.run_code("x").text == "default"
+    # Root's home (E2B's kernels run as root): the sandbox's user may not enter it (Docker)
+    # or it is not there (the process backend): a clear error, no context left behind.
+    before = [c.id for c in sandbox.list_code_contexts()]
+    with pytest.raises(
+        SandboxException, match="cannot make a code context in /root: cannot start in /root"
+    ):
+        sandbox.create_code_context(cwd="/root")
+    assert [c.id for c in sandbox.list_code_contexts()] == before
 
 
 def test_other_languages_are_refused_clearly(sandbox: Sandbox) -> None:
