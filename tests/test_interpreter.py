@@ -337,6 +337,92 @@ async def test_pil_images_and_dataframes_become_results(target: Target) -> None:
         assert data["when"][0].startswith("2024-01-02T00:00:00")
 
 
+async def test_figures_carry_their_chart_data(target: Target) -> None:
+    # E2B's chart format (`e2b/chart`, the SDK's `result.chart`), read from what matplotlib
+    # drew: the kind of chart, its labels, units, ticks, scale and data.
+    overrides = {"image": ROOTFS} if target.kind in ("process", "remote") and ROOTFS else {}
+    async with sandbox(target, **overrides) as sb:
+        probe = await sb.run_code("import matplotlib.pyplot as plt")
+        if probe.error is not None:
+            pytest.skip(f"no matplotlib in the {target.kind} sandbox: {probe.error.value}")
+        code = textwrap.dedent(
+            """
+            import datetime
+            days = [datetime.date(2024, 1, 1) + datetime.timedelta(days=i) for i in range(3)]
+            plt.plot(days, [1.0, 4.0, 9.0], label="squares")
+            plt.plot(days, [2.0, 2.5, 3.0])
+            plt.xlabel("Day"); plt.ylabel("Load [kW]"); plt.title("Load")
+            plt.show()
+            plt.bar(["a", "b", "c"], [3, 5, 4], label="counts")
+            plt.xlabel("Letter (-)")
+            plt.show()
+            plt.pie([3, 1], labels=["big", "small"])
+            plt.show()
+            plt.boxplot([[1, 2, 3, 4, 5, 30], [2, 3, 4]], labels=["one", "two"], patch_artist=True)
+            plt.show()
+            fig, (left, right) = plt.subplots(1, 2)
+            fig.suptitle("Two")
+            left.scatter([1, 2], [3, 4], label="dots")
+            right.add_artist(plt.Circle((0, 0), 1))
+            right.set_title("Circle")
+            plt.show()
+            plt.figure()
+            plt.show()
+            """
+        )
+        execution = await sb.run_code(code)
+        assert execution.error is None, execution.error
+        charts: list[Any] = [result.extra.get("e2b/chart") for result in execution.results]
+        line, bar, pie, box, super_chart, blank = charts
+        assert blank is None  # a figure with nothing drawn: no chart
+        assert line["type"] == "line"
+        assert (line["title"], line["x_label"], line["y_label"]) == ("Load", "Day", "Load [kW]")
+        assert (line["x_unit"], line["y_unit"]) == (None, "kW")
+        assert (line["x_scale"], line["y_scale"]) == ("datetime", "linear")
+        assert line["x_ticks"][0].startswith("2024-01-01")
+        assert [e["label"] for e in line["elements"]] == ["squares", "Line 1"]
+        assert line["elements"][0]["points"] == [
+            ["2024-01-01", 1.0],
+            ["2024-01-02", 4.0],
+            ["2024-01-03", 9.0],
+        ]
+        assert bar["type"] == "bar"
+        assert bar["x_unit"] == "-"
+        assert bar["elements"] == [
+            {"label": "a", "group": "counts", "value": 3.0},
+            {"label": "b", "group": "counts", "value": 5.0},
+            {"label": "c", "group": "counts", "value": 4.0},
+        ]
+        assert pie["type"] == "pie"
+        assert pie["elements"] == [
+            {"label": "big", "angle": 270.0, "radius": 1.0},
+            {"label": "small", "angle": 90.0, "radius": 1.0},
+        ]
+        assert box["type"] == "box_and_whisker"
+        first, second = box["elements"]
+        assert first == {
+            "label": "one",
+            "min": 1.0,
+            "first_quartile": 2.25,
+            "median": 3.5,
+            "third_quartile": 4.75,
+            "max": 5.0,
+            "outliers": [30.0],
+        }
+        assert (second["label"], second["median"], second["outliers"]) == ("two", 3.0, [])
+        assert super_chart["type"] == "superchart"
+        assert super_chart["title"] == "Two"
+        scatter, unknown = super_chart["elements"]
+        assert scatter["type"] == "scatter"
+        assert scatter["elements"] == [{"label": "dots", "points": [[1.0, 3.0], [2.0, 4.0]]}]
+        assert unknown == {"type": "unknown", "title": "Circle", "elements": []}
+        # A chart past 1 MiB of JSON is left out: the image still comes.
+        big = await sb.run_code("plt.plot(range(100_000)); plt.show()")
+        (figure,) = big.results
+        assert figure.png is not None
+        assert "e2b/chart" not in figure.extra
+
+
 async def test_exceptions_are_data_and_the_state_stays(target: Target) -> None:
     async with sandbox(target) as sb:
         failed = await sb.run_code("a = 1\nprint('before')\nb = a / 0\nc = 3")
