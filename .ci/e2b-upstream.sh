@@ -108,7 +108,6 @@ ci_deselect "E2B's template internals: its Jupyter and uvicorn servers as system
 inside the sandbox (curl to port 49999 from inside, kill as root); asyncsandbox's interpreter \
 is served from outside, and its restart is tested by tests/test_interpreter.py" \
     sync/test_systemd.py async/test_async_systemd.py
-ci_deselect "chart extraction (E2B's e2b_charts package): not implemented" charts
 CI_EXPECTED=(
     # a context in /root: the sandbox's user may not enter it (a clear 400, as the SDK's error)
     "test_contexts.py::test_create_context_with_options"
