@@ -151,6 +151,25 @@ class Lifecycle:
                     finally:
                         self._sandboxes.discard(self)
 
+    async def reset(self) -> None:
+        """See :meth:`asyncsandbox.Sandbox.reset`.
+
+        Cancellation: runs shielded, bounded by ``Timeouts.remove``.
+        """
+        handle = await self.live_handle()
+        self._runtime.check_capability("reset")
+        # Shielded: a reset left half done would hand the next call a sandbox neither
+        # fresh nor as it was.
+        with anyio.CancelScope(shield=True):
+            try:
+                # Its code contexts are processes of the sandbox: they end with the reset.
+                await self._runtime.drop_interpreter(handle)
+                with self.watched():
+                    await self._runtime.reset_once(handle)
+            except BaseException:
+                self._failed = True  # in no known state: never recycled
+                raise
+
     def _recycled(self, handle: SandboxHandle) -> bool:
         pool = self._pool
         if pool is None or self._dead is not None or self._failed or self.started_at is None:

@@ -440,18 +440,31 @@ class Runtime:
 
         Cancellation: call it shielded.
         """
+        try:
+            await self.reset_once(handle)
+        except Exception:  # noqa: BLE001 - any failure: the sandbox is not reused
+            with contextlib.suppress(SandboxError):
+                await self.remove(handle, started=False)
+            return False
+        return True
+
+    async def reset_once(self, handle: SandboxHandle) -> None:
+        """Reset a sandbox (bounded by ``Timeouts.remove``, not retried), counted in the
+        metrics; raise what the reset raised (:class:`BackendTimeout` past its deadline).
+
+        Cancellation: call it shielded.
+        """
         started = anyio.current_time()
         try:
             with anyio.fail_after(_deadline(self.timeouts.remove)):
                 await self.translate(handle.reset())
-        except Exception as exc:  # noqa: BLE001 - any failure: the sandbox is not reused
+        except Exception as exc:
             self.metrics.reset_failures += 1
             self.log.warning("sandbox.reset.failed", sandbox_id=handle.id, error=repr(exc))
-            with contextlib.suppress(SandboxError):
-                await self.remove(handle, started=False)
-            return False
+            if isinstance(exc, TimeoutError):  # fail_after's: ours, typed
+                raise BackendTimeout("reset", _deadline(self.timeouts.remove)) from None
+            raise
         self.metrics.timed("reset", anyio.current_time() - started)
-        return True
 
     # -- calls ---------------------------------------------------------------------------
 

@@ -160,6 +160,18 @@ class Sandbox:
 
     aclose = stop
 
+    async def reset(self) -> None:
+        """Return the running sandbox to the state it was created in, keeping its id: every
+        process killed (its code contexts too), every writable place as it was at
+        creation. This is what recycling does between episodes; a server that keeps a
+        tenant's sandbox for another episode calls it. Needs ``capabilities.reset``
+        (:class:`InvalidArgument` otherwise). If it raises, the sandbox is in no known
+        state: stop it (it is never recycled).
+
+        Cancellation: runs shielded, bounded by ``Timeouts.remove``.
+        """
+        await self._life.reset()
+
     # -- state --------------------------------------------------------------------------
 
     async def snapshot(self, *, keep: bool = False) -> Snapshot:

@@ -180,6 +180,7 @@ class RemoteBackend(Backend):
                 network_modes=frozenset(caps.network_modes),
                 reports_signal=caps.reports_signal,
                 snapshots=caps.snapshots,
+                reset=caps.reset,
             )
             # Exited in aclose(), which the Session calls from this same task.
             await task_group.__aenter__()

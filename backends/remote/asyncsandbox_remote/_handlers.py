@@ -1,6 +1,6 @@
 """The handlers of the server and of sandboxes (the server's health, info, metrics and
-OpenAPI document; creating, listing, describing and deleting sandboxes, their leases and
-snapshots; judging): one method per operation of :data:`~._openapi.OPERATIONS`, by its
+OpenAPI document; creating, listing, describing, resetting and deleting sandboxes, their
+leases and snapshots; judging): one method per operation of :data:`~._openapi.OPERATIONS`, by its
 name, through the server's state (:mod:`._serverstate`): its Session, its tenancy and its
 helpers for bodies that stream. They answer errors by raising them; the application
 (:mod:`._app`) turns what they raise into answers and counts every answer. Commands and
@@ -83,6 +83,7 @@ class Handlers:
                     network_modes=networks,
                     reports_signal=caps.reports_signal if caps else False,
                     snapshots=caps.snapshots if caps else False,
+                    reset=caps.reset if caps else False,
                 ),
                 lease_seconds=self.config.lease_seconds,
                 max_lease_seconds=self.config.max_lease_seconds,
@@ -249,6 +250,14 @@ class Handlers:
             snapshot = await record.sandbox.snapshot(keep=True)  # the tenant's to delete
         tenant.snapshots.add(snapshot.id)
         return json_response(w.SNAPSHOT, w.SnapshotCreated(id=snapshot.id), 201)
+
+    async def reset_sandbox(self, request: Request) -> Response:
+        tenant = self.tenancy.authenticate(request)
+        record = self.tenancy.record(tenant, request.path_params["sandbox_id"])
+        async with self.tenancy.use(tenant, record):
+            # Failed, the sandbox is in no known state: the client's runtime removes it.
+            await record.sandbox.reset()
+        return Response(status_code=204)
 
     async def delete_snapshot(self, request: Request) -> Response:
         tenant = self.tenancy.authenticate(request)

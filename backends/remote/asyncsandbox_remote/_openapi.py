@@ -187,6 +187,19 @@ OPERATIONS: tuple[Operation, ...] = (
         tags=("snapshots",),
     ),
     Operation(
+        "reset_sandbox",
+        "POST",
+        "/v1/sandboxes/{sandbox_id}/reset",
+        "Return a sandbox to the state it was created in, for another episode: every "
+        "process killed (code contexts too), every writable place as at creation; its id "
+        "stays. Only where ServerInfo.capabilities.reset (else 400). After a failed reset "
+        "the sandbox is in no known state: delete it. Idempotent.",
+        params=(_SANDBOX_ID,),
+        ok=204,
+        errors=(400, 401, 404, 410, 429, 502, 503, 504),
+        tags=("sandboxes",),
+    ),
+    Operation(
         "delete_snapshot",
         "DELETE",
         "/v1/snapshots/{snapshot_id}",
@@ -439,6 +452,7 @@ _ERROR_TEXT = {
     502: "The backend failed: a command it could not start (launch_error: it never ran; "
     "retry it when retryable), or another infrastructure failure (infrastructure_error).",
     503: "The backend is unavailable or the server is shutting down.",
+    504: "The backend did not answer in time (backend_timeout).",
 }
 
 

@@ -343,6 +343,21 @@ class RemoteSandbox(SandboxHandle):
         created: w.SnapshotCreated = decode(w.SNAPSHOT, response)
         return created.id
 
+    async def reset(self) -> None:
+        """``POST .../reset``: the server resets the sandbox in place (same id). Where it
+        cannot, its answer is :class:`~asyncsandbox.InvalidArgument`; a sandbox it no
+        longer has, :class:`~asyncsandbox.SandboxDied`."""
+        try:
+            await self._api.call(
+                "POST",
+                sandbox_path(self._id, "/reset"),
+                what="reset",
+                reconnect=True,  # idempotent
+                sandbox_id=self._id,
+            )
+        except SandboxError as exc:
+            raise died(exc) from None
+
     async def remove(self) -> None:
         try:
             await self._api.call(

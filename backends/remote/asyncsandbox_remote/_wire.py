@@ -268,6 +268,8 @@ class Capabilities(_Message, kw_only=True):
     network_modes: list[str] = msgspec.field(default_factory=lambda: ["none"])
     reports_signal: bool = False
     snapshots: bool = False
+    reset: bool = False
+    """``POST /v1/sandboxes/{id}/reset`` works (sandboxes can be recycled)."""
 
 
 class SnapshotCreated(_Message, kw_only=True):
