@@ -15,7 +15,8 @@ Calls go one way::
     _app ─> _handlers, _exec_handlers, _file_handlers, _fusion, _e2b
          ─> _serverstate, _tenancy, _streaming ─> _errors
 
-SandboxFusion's ``POST /run_code`` (:mod:`._fusion`) and E2B's API (:mod:`._e2b`: its
+SandboxFusion's ``POST /run_code`` and ``POST /run_jupyter`` (:mod:`._fusion`, in the
+API's document) and E2B's API (:mod:`._e2b`: its
 control plane among the routes, each sandbox's envd in front of them, on the same port,
 routed by the ``E2b-Sandbox-Id`` header) are served beside the API, on the same Session,
 tenants and quotas. E2B's API needs the ``e2b`` extra; without it, its requests answer
@@ -59,8 +60,9 @@ def _routes(
     fusion: FusionHandlers,
     e2b: ControlPlane | None,
 ) -> list[Route]:
-    """One route per operation of the API, answered by the handler of its name in one of
-    the handler ``families``; and SandboxFusion's and E2B's control plane routes
+    """One route per operation of the API (SandboxFusion's ``/run_code`` and
+    ``/run_jupyter`` included), answered by the handler of its name in one of the handler
+    ``families``; and SandboxFusion's unsupported routes and E2B's control plane routes
     (:mod:`._fusion`, :mod:`._e2b`: not part of this API's document)."""
 
     def endpoint(
@@ -78,12 +80,6 @@ def _routes(
     for op in OPERATIONS:
         name = "metrics_text" if op.name == "metrics" else op.name
         routes.append(Route(op.path, endpoint(op.name, handler(name)), methods=[op.method]))
-    routes.append(
-        Route("/run_code", endpoint("fusion_run_code", fusion.run_code), methods=["POST"])
-    )
-    routes.append(
-        Route("/run_jupyter", endpoint("fusion_run_jupyter", fusion.run_jupyter), methods=["POST"])
-    )
     unsupported = endpoint("fusion_unsupported", fusion.unsupported)
     routes.extend(Route(path, unsupported, methods=["POST"]) for path in UNSUPPORTED_ROUTES)
     if e2b is not None:
@@ -132,6 +128,7 @@ def create_app(
     :param backend: a backend instance to serve instead of ``config.backend`` by name.
     """
     server = ServerState(config, tenants, backend, version=version)
+    fusion = FusionHandlers(server)
     try:
         from ._e2b import ControlPlane, E2bRouter
     except ImportError as exc:  # the e2b extra is not installed
@@ -142,8 +139,8 @@ def create_app(
     app = Starlette(
         routes=_routes(
             server,
-            (Handlers(server), ExecHandlers(server), FileHandlers(server)),
-            FusionHandlers(server),
+            (Handlers(server), ExecHandlers(server), FileHandlers(server), fusion),
+            fusion,
             control,
         ),
         lifespan=server.lifespan,

@@ -120,7 +120,8 @@ class RunCodeRequest(msgspec.Struct, kw_only=True):
     """SandboxFusion's ``RunCodeRequest`` (unknown fields are ignored, nulls accepted)."""
 
     code: str
-    language: str
+    language: Annotated[str, Meta(extra_json_schema={"enum": sorted(LANGUAGES)})]
+    """One of the judge's languages, under their SandboxFusion names too (else 400)."""
     compile_timeout: Timeout = 10.0
     run_timeout: Timeout = 10.0
     memory_limit_MB: int = -1  # (SandboxFusion's name)
@@ -168,7 +169,7 @@ class RunJupyterRequest(msgspec.Struct, kw_only=True):
     cell_timeout: Annotated[float, Meta(ge=0, le=24 * 3600)] = 0.0
     """Seconds per cell; 0: none (only the total)."""
     total_timeout: Timeout = 45.0
-    kernel: str = "python3"
+    kernel: Annotated[str, Meta(extra_json_schema={"enum": ["python3"]})] = "python3"
     files: dict[str, str | None] = msgspec.field(default_factory=dict)
     fetch_files: list[str] = msgspec.field(default_factory=list)
 
@@ -199,7 +200,9 @@ RUN_JUPYTER_RESPONSE: w.Codec[RunJupyterResponse] = w.Codec(RunJupyterResponse)
 
 
 class FusionHandlers:
-    """The SandboxFusion routes of one server (see the module docstring)."""
+    """The SandboxFusion routes of one server (see the module docstring): the operations
+    ``fusion_run_code`` and ``fusion_run_jupyter`` of :data:`~._openapi.OPERATIONS`, and
+    the dataset routes it does not serve (:meth:`unsupported`)."""
 
     def __init__(self, server: ServerState) -> None:
         self.server = server
@@ -207,7 +210,7 @@ class FusionHandlers:
         self.tenancy = server.tenancy
         self.metrics = server.metrics
 
-    async def run_code(self, request: Request) -> Response:
+    async def fusion_run_code(self, request: Request) -> Response:
         tenant = self.tenancy.authenticate(request)
         body = await decode(request, RUN_CODE, self.config.max_request_bytes)
         if body.language not in LANGUAGES:
@@ -244,7 +247,7 @@ class FusionHandlers:
         )
         return json_response(RUN_CODE_RESPONSE, answer)
 
-    async def run_jupyter(self, request: Request) -> Response:
+    async def fusion_run_jupyter(self, request: Request) -> Response:
         tenant = self.tenancy.authenticate(request)
         body = await decode(request, RUN_JUPYTER, self.config.max_request_bytes)
         if body.kernel != "python3":

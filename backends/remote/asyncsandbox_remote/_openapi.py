@@ -14,6 +14,7 @@ from asyncsandbox.abc import CodeRequest
 from asyncsandbox.judge import JudgeRequest, JudgeResult
 
 from . import _wire as w
+from ._fusion import RunCodeRequest, RunCodeResponse, RunJupyterRequest, RunJupyterResponse
 
 __all__ = ("OPERATIONS", "Operation", "Param", "openapi")
 
@@ -429,6 +430,31 @@ OPERATIONS: tuple[Operation, ...] = (
         tags=("judging",),
     ),
     Operation(
+        "fusion_run_code",
+        "POST",
+        "/run_code",
+        "SandboxFusion's run_code, for its unmodified client: the code judged in a fresh "
+        "sandbox (its files written first, fetch_files read back), answered as SandboxFusion "
+        "does (status Success, Failed or SandboxError; always 200 once it ran). The key as "
+        "a bearer token or as HTTP Basic's password.",
+        body=RunCodeRequest,
+        answer=RunCodeResponse,
+        errors=(400, 401, 413, 429, 503),
+        tags=("sandboxfusion",),
+    ),
+    Operation(
+        "fusion_run_jupyter",
+        "POST",
+        "/run_jupyter",
+        "SandboxFusion's run_jupyter: the cells in order in one Python interpreter of a "
+        "fresh sandbox, each answered {stdout, stderr, display, error}; past total_timeout "
+        "the run is Failed with no cells. The key as for /run_code.",
+        body=RunJupyterRequest,
+        answer=RunJupyterResponse,
+        errors=(400, 401, 413, 429, 503),
+        tags=("sandboxfusion",),
+    ),
+    Operation(
         "metrics",
         "GET",
         "/metrics",
@@ -470,32 +496,23 @@ def _content(kind: Any, ref: str, frames: str = "ExecFrame") -> dict[str, Any]:
 def openapi(version: str = "") -> dict[str, Any]:
     """The OpenAPI 3.1 document of the server's API."""
     ref = "#/components/schemas/{name}"
+    # Every type an operation names (so that no $ref dangles), and the frames' types.
+    named = (kind for op in OPERATIONS for kind in (op.body, op.answer, *op.extra.values()))
     wire_types = [
-        w.CreateSandbox,
-        w.SandboxDescription,
-        w.SandboxList,
-        w.DeletedSandboxes,
-        w.LeaseRenewal,
-        w.Leases,
-        w.ExecRequest,
-        w.ExecResponse,
+        *(kind for kind in named if kind is not None and not isinstance(kind, str)),
         w.ErrorResponse,
-        w.Health,
-        w.ServerInfo,
         w.OutputFrame,
         w.ExitFrame,
         w.PingFrame,
         w.ErrorFrame,
-        CodeRequest,
-        w.NewCodeContext,
-        CodeContext,
-        w.CodeContextList,
         w.CodeEndFrame,
         OutputMessage,
         Result,
         ExecutionError,
     ]
-    _, components = msgspec.json.schema_components(wire_types, ref_template=ref)
+    _, components = msgspec.json.schema_components(
+        list(dict.fromkeys(wire_types)), ref_template=ref
+    )
     code_frames = {
         "OutputMessage": "OutputMessage",
         "Result": "Result",
