@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Any
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 import httpx
 import msgspec
@@ -391,6 +392,46 @@ async def test_tls(make_server: Callable[..., Server], tmp_path: Path) -> None:
     with pytest.raises(BackendUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
         async with Session(RemoteBackend(server.url, ALICE, attempts=1), sweep=False):
             pass
+
+
+async def test_a_snapshot_deletion_is_retried_by_the_session_alone(
+    make_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Deleting a snapshot is retried by the Session's RetryPolicy (Runtime.delete_snapshot
+    goes through its retrying call); the transport must not retry it too, or the attempts
+    multiply (4 x 4 with the defaults). The server goes, and a listener on its port
+    accepts each connection and closes it: the TLS handshake fails, a connection error
+    that nothing was sent on, which both layers would retry. It counts the tries."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    await anyio.run_process(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"),
+            *("-addext", "subjectAltName=IP:127.0.0.1"),
+        ]
+    )
+    server = make_server("--tls-cert", str(cert), "--tls-key", str(key))
+    port = int(server.url.rsplit(":", 1)[1].rstrip("/"))
+    backend = RemoteBackend(server.url, ALICE, verify=str(cert), attempts=4, backoff=0.001)
+    retries = RetryPolicy(attempts=2, backoff=0.001)
+    tries = 0
+    async with Session(backend, retries=retries, sweep=False) as s:
+        server.stop()
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
+
+        async def refuse(stream: anyio.abc.SocketStream) -> None:
+            nonlocal tries
+            tries += 1
+            await stream.aclose()
+
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, refuse)
+            with pytest.raises(BackendUnavailable, match="cannot reach"):
+                await s.delete_snapshot("gone-with-the-server")
+            tg.cancel_scope.cancel()
+    assert tries == retries.attempts
 
 
 # -- auth and tenancy ---------------------------------------------------------------------

@@ -231,7 +231,7 @@ class RemoteBackend(Backend):
             "DELETE",
             snapshot_path(snapshot_id),
             what="delete snapshot",
-            reconnect=True,  # idempotent
+            reconnect=False,  # the Session retries it (RetryPolicy): once per attempt here
         )
 
     def _handle(self, description: w.SandboxDescription) -> RemoteSandbox:

@@ -4,7 +4,7 @@ transport failures become asyncsandbox errors (users never see httpx exceptions)
 Who retries what. Every call is retried by one layer only, so attempts never multiply:
 
 * The Session's runtime (:class:`~asyncsandbox.RetryPolicy`) retries the lifecycle calls
-  (create, attach, list, inspect, remove) when they fail with a ``retryable`` error: a
+  (create, attach, list, inspect, remove, delete snapshot) when they fail with a ``retryable`` error: a
   connection failure, a lost answer to a create that was then undone, a ``retryable``
   error answer (503, 429, ...). They are sent once per attempt.
 * :meth:`Api.send` retries only a request that was never sent: a connection that could
