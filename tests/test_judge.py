@@ -341,6 +341,20 @@ async def test_a_missing_compiler_is_infrastructure_not_a_wrong_answer(session: 
     assert "no-such-compiler" in (result.error or "")
 
 
+@pytest.mark.parametrize("path", [None, "/nowhere"])  # the runner's path, and without python3
+async def test_a_missing_interpreter_is_infrastructure_not_a_runtime_error(
+    session: Session, path: str | None
+) -> None:
+    """Found missing before any case runs (once one ran, a failure to run a command is
+    the program's doing: tests/test_judge_integrity.py)."""
+    nope = Language(name="nope", source="main.x", run=("no-such-interpreter", "{source}"))
+    env = {} if path is None else {"PATH": path}
+    result = await session.judge(Program(source="x", language=nope), [ADD], env=env)
+    assert result.verdict == Verdict.INFRASTRUCTURE_ERROR, result
+    assert result.score is None
+    assert "no-such-interpreter" in (result.error or "")
+
+
 async def test_a_sandbox_without_python_runs_each_case_by_itself(session: Session) -> None:
     """No ``python3`` for the runner (here: not on the PATH): each case is one plain
     command, the program's file written for it all the same."""

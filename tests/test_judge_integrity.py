@@ -214,6 +214,32 @@ async def test_what_holds_the_output_open_does_not_hold_the_answer(
     assert result.verdict == Verdict.ACCEPTED, result
 
 
+# Programs that fail with the exit status of a command that cannot run (126, 127), having
+# printed nothing: their own failure, never the sandbox's (an infrastructure error is kept
+# out of a score, and SandboxFusion's client retries it).
+EXIT_AS_IF_MISSING = {
+    "python": "import sys\nsys.exit({status})\n",
+    "python-command": "import sys\nsys.exit({status})\n",
+    "bash": "exit {status}\n",
+    "c": "int main(void) {{ return {status}; }}\n",
+}
+
+
+@pytest.mark.parametrize("status", [126, 127])
+@pytest.mark.parametrize("language", sorted(EXIT_AS_IF_MISSING))
+async def test_exiting_as_if_the_command_were_missing_is_the_programs_own_failure(
+    session: Session, language: str, status: int
+) -> None:
+    if language == "c" and shutil.which("gcc") is None:
+        pytest.skip("no C compiler on this machine")
+    lang = PYTHON_COMMAND if language == "python-command" else language
+    source = EXIT_AS_IF_MISSING[language].format(status=status)
+    result = await session.judge(Program(source=source, language=lang), CASES[:2])
+    assert result.verdict == Verdict.RUNTIME_ERROR, result
+    assert result.score == 0.0
+    assert [case.returncode for case in result.cases] == [status, status]
+
+
 @pytest.mark.docker
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # aiodocker is asyncio only
 @pytest.mark.parametrize("leave", ["orphaned", "parent_death_signal", "double_fork"])

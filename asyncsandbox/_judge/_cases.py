@@ -29,9 +29,9 @@ import anyio
 from .._errors import ExecTimeout, FileErrorReason, SandboxFileError
 from .._log import get_logger
 from .._models import ExecResult, OutputChunk
-from ._runner import BOOT, UNWRITABLE
+from ._runner import BOOT, UNLAUNCHABLE, UNWRITABLE
 
-__all__ = ("RUNNER_KILLED", "CaseRun", "Source", "Stream", "Target", "run_cases")
+__all__ = ("RUNNER_KILLED", "CannotRun", "CaseRun", "Source", "Stream", "Target", "run_cases")
 
 _RUNNER = Path(__file__).with_name("_runner.py").read_text()
 _BARRIER = Path(__file__).parent.parent.joinpath("_barrier.py").read_text()
@@ -91,6 +91,11 @@ Answer = Callable[[int, ExecResult], Awaitable[bool]]
 """Receives each case's result as it comes; returns False to stop (the rest are not run)."""
 
 
+class CannotRun(Exception):
+    """The sandbox has no command to run the cases with (found before any case ran, so
+    it is never the program's doing)."""
+
+
 @dataclass(frozen=True)
 class Source:
     """A program's source, to be written to ``name`` in the cases' directory before they
@@ -116,7 +121,9 @@ async def run_cases(
     ``source`` is written first): ``fork`` runs a Python program (``argv`` is the
     interpreter and the program's path) in forks of one interpreter that compiled it;
     else each case executes ``argv``. ``answer`` gets each result as the case ends, in
-    the order they end. Raises :class:`SandboxFileError` if the source cannot be written.
+    the order they end. Raises :class:`SandboxFileError` if the source cannot be written,
+    :class:`CannotRun` if ``argv``'s command is not in the sandbox (checked before any
+    case runs: once one ran, a failure to run is the program's doing).
 
     Cancellation: the running cases are killed.
     """
@@ -127,6 +134,11 @@ async def run_cases(
     if runner.unavailable:
         if source is not None:
             await sandbox.write_file(_path(cwd, source.name), source.data)
+        found = await sandbox.exec(
+            ("/bin/sh", "-c", 'command -v "$1" >/dev/null', "sh", argv[0]), cwd=cwd
+        )
+        if found.returncode != 0:
+            raise CannotRun(f"{argv[0]}: not found")
         await _each_by_itself(sandbox, argv, cwd, left, parallel, output_limit, answer)
         return
     if left:
@@ -243,6 +255,8 @@ class _Runner:
                 self.ran = ran = await stream.wait()
                 if ran.returncode == UNWRITABLE and not frames.started and source is not None:
                     raise _unwritable(_path(self.cwd, source.name), ran.stderr)
+                if ran.returncode == UNLAUNCHABLE and not frames.started:
+                    raise CannotRun(ran.stderr.decode(errors="replace").strip()[-400:])
                 if not frames.ended:
                     self.why = f"exit status {ran.returncode}: {ran.stderr[-400:].decode(errors='replace')}"
                     if ran.returncode in (126, 127) and not frames.started:

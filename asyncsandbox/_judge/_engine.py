@@ -18,7 +18,7 @@ import anyio
 
 from .._errors import ExecTimeout, InfrastructureError, InvalidArgument
 from .._models import ExecResult
-from ._cases import DIGEST, RUNNER_KILLED, CaseRun, Source, Target, run_cases
+from ._cases import DIGEST, RUNNER_KILLED, CannotRun, CaseRun, Source, Target, run_cases
 from ._compare import same
 from ._model import (
     CaseResult,
@@ -130,7 +130,10 @@ class _Judgement:
             if checker is not None:
                 assert isinstance(request.comparison, Checker)
                 checker_argv = await self._build_checker(checker, request.comparison.program)
-            await self._run_cases(sandbox, argv, source, checker, checker_argv, results)
+            try:
+                await self._run_cases(sandbox, argv, source, checker, checker_argv, results)
+            except CannotRun as exc:
+                raise _Infrastructure(f"the sandbox cannot run {argv[0]!r}: {exc}") from None
         except (InfrastructureError, _Infrastructure) as exc:
             done = tuple(results[i] for i in sorted(results))
             return self.infrastructure(str(exc), started, done, compiled)
@@ -277,12 +280,6 @@ class _Judgement:
             return done(Verdict.MEMORY_LIMIT)
         if memory_mb is not None and result.returncode == 125 and not result.stdout:
             raise _Infrastructure(f"the sandbox refused a memory limit of {memory_mb} MiB")
-        if result.returncode in (126, 127) and index == 0 and not result.stdout:
-            # The interpreter or the program file itself is missing: not the program's doing.
-            raise _Infrastructure(
-                f"the sandbox cannot run {run[0]!r} (exit status {result.returncode}): "
-                f"{_text(result.stderr, 400, tail=True)}"
-            )
         if result.returncode != 0:
             message = f"exit status {result.returncode}"
             if result.returncode == RUNNER_KILLED and result.stderr.startswith(b"the judge's"):

@@ -105,6 +105,10 @@ PR_SET_CHILD_SUBREAPER = 36
 UNWRITABLE = 121
 """The runner's exit status when it cannot write the program (before answering anything:
 ``ERRNO STRERROR`` on stderr)."""
+UNLAUNCHABLE = 122
+"""The runner's exit status when the command of ``"exec"`` mode is not there to run
+(before any case ran: the sandbox's doing, not the program's; why on stderr). Once a case
+ran, an exit status of 126 or 127 is the program's own."""
 GRACE = 1.0
 """Seconds a case's pipes may stay open after it ended (a process the kernel held in an
 uninterruptible wait, past the barrier's kill): its output is then what it wrote by then."""
@@ -607,8 +611,22 @@ def drain(fd: int) -> None:
         pass
 
 
+def launchable(name: str) -> bool:
+    """``name`` is a file ``execvp`` could run (searched on ``PATH`` as it would)."""
+    if "/" in name:
+        candidates = [name]
+    else:
+        path = os.environ.get("PATH", os.defpath).split(os.pathsep)
+        candidates = [os.path.join(directory or ".", name) for directory in path]
+    return any(os.path.isfile(c) and os.access(c, os.X_OK) for c in candidates)
+
+
 def main() -> None:
     prctl(PR_SET_DUMPABLE, 0)  # first: before anything of ours can be read through /proc
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # what a case orphans comes to us, to be killed
     request, inputs = read_request()
+    argv = request.get("argv")
+    if argv is not None and not launchable(argv[0]):  # before any case: nothing ran yet
+        os.write(2, ("%s: not found or not executable\n" % argv[0]).encode(errors="replace"))
+        os._exit(UNLAUNCHABLE)
     Runner(request, inputs, Program(request)).run()
