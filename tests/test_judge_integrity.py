@@ -240,6 +240,18 @@ async def test_exiting_as_if_the_command_were_missing_is_the_programs_own_failur
     assert [case.returncode for case in result.cases] == [status, status]
 
 
+@pytest.mark.parametrize("language", ["python", "python-command"])
+async def test_exiting_as_if_the_memory_limit_were_refused_is_the_programs_own_failure(
+    session: Session, language: str
+) -> None:
+    """125 with no output, under a memory limit: what a refused limit once looked like."""
+    lang = PYTHON_COMMAND if language == "python-command" else language
+    program = Program(source="import os\nos._exit(125)\n", language=lang)
+    result = await session.judge(program, CASES[:2], memory_mb=512)
+    assert result.verdict == Verdict.RUNTIME_ERROR, result
+    assert result.score == 0.0
+
+
 @pytest.mark.docker
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # aiodocker is asyncio only
 @pytest.mark.parametrize("leave", ["orphaned", "parent_death_signal", "double_fork"])

@@ -134,11 +134,7 @@ async def run_cases(
     if runner.unavailable:
         if source is not None:
             await sandbox.write_file(_path(cwd, source.name), source.data)
-        found = await sandbox.exec(
-            ("/bin/sh", "-c", 'command -v "$1" >/dev/null', "sh", argv[0]), cwd=cwd
-        )
-        if found.returncode != 0:
-            raise CannotRun(f"{argv[0]}: not found")
+        await _check_runnable(sandbox, argv, cwd, left)
         await _each_by_itself(sandbox, argv, cwd, left, parallel, output_limit, answer)
         return
     if left:
@@ -291,6 +287,24 @@ class _Runner:
                 hint="a program's leftovers may then answer after it ended; judge where "
                 "python3 and seccomp user notifications (Linux 5.5+) are available",
             )
+
+
+async def _check_runnable(
+    sandbox: Target, argv: tuple[str, ...], cwd: str | None, cases: Sequence[CaseRun]
+) -> None:
+    """What the runner checks before any case runs (see :data:`._runner.UNLAUNCHABLE`),
+    for the path without one: ``argv``'s command is there, the memory limit can be set."""
+    found = await sandbox.exec(
+        ("/bin/sh", "-c", 'command -v "$1" >/dev/null', "sh", argv[0]), cwd=cwd
+    )
+    if found.returncode != 0:
+        raise CannotRun(f"{argv[0]}: not found or not executable")
+    limits = [case.memory_mb for case in cases if case.memory_mb is not None]
+    if limits:
+        kb = str(max(limits) * 1024)
+        limited = await sandbox.exec(("/bin/sh", "-c", 'ulimit -v "$1"', "sh", kb), cwd=cwd)
+        if limited.returncode != 0:
+            raise CannotRun(f"cannot limit memory to {kb} KiB: {limited.stderr[-200:]!r}")
 
 
 async def _each_by_itself(

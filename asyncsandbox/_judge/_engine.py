@@ -133,7 +133,7 @@ class _Judgement:
             try:
                 await self._run_cases(sandbox, argv, source, checker, checker_argv, results)
             except CannotRun as exc:
-                raise _Infrastructure(f"the sandbox cannot run {argv[0]!r}: {exc}") from None
+                raise _Infrastructure(f"the sandbox cannot run the cases: {exc}") from None
         except (InfrastructureError, _Infrastructure) as exc:
             done = tuple(results[i] for i in sorted(results))
             return self.infrastructure(str(exc), started, done, compiled)
@@ -278,8 +278,6 @@ class _Judgement:
             and _MEMORY_ERRORS.search(result.stderr[-DIGEST:])
         ):
             return done(Verdict.MEMORY_LIMIT)
-        if memory_mb is not None and result.returncode == 125 and not result.stdout:
-            raise _Infrastructure(f"the sandbox refused a memory limit of {memory_mb} MiB")
         if result.returncode != 0:
             message = f"exit status {result.returncode}"
             if result.returncode == RUNNER_KILLED and result.stderr.startswith(b"the judge's"):

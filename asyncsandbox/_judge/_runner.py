@@ -106,9 +106,10 @@ UNWRITABLE = 121
 """The runner's exit status when it cannot write the program (before answering anything:
 ``ERRNO STRERROR`` on stderr)."""
 UNLAUNCHABLE = 122
-"""The runner's exit status when the command of ``"exec"`` mode is not there to run
-(before any case ran: the sandbox's doing, not the program's; why on stderr). Once a case
-ran, an exit status of 126 or 127 is the program's own."""
+"""The runner's exit status when the cases cannot be run as asked, found before any case
+ran (the sandbox's doing, not the program's; why on stderr): the command of ``"exec"``
+mode is not there to run, or a case's memory limit is above what the sandbox allows. Once
+a case ran, its exit status (126, 127, 125...) is the program's own."""
 GRACE = 1.0
 """Seconds a case's pipes may stay open after it ended (a process the kernel held in an
 uninterruptible wait, past the barrier's kill): its output is then what it wrote by then."""
@@ -626,7 +627,17 @@ def main() -> None:
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # what a case orphans comes to us, to be killed
     request, inputs = read_request()
     argv = request.get("argv")
-    if argv is not None and not launchable(argv[0]):  # before any case: nothing ran yet
-        os.write(2, ("%s: not found or not executable\n" % argv[0]).encode(errors="replace"))
+    why = None  # before any case: nothing of the program ran yet
+    if argv is not None and not launchable(argv[0]):
+        why = "%s: not found or not executable" % argv[0]
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    for case in request["cases"]:
+        if case["memory_kb"] is not None and 0 <= hard < case["memory_kb"] * 1024:
+            why = "cannot limit memory to %d KiB: the sandbox allows %d" % (
+                case["memory_kb"],
+                hard // 1024,
+            )
+    if why is not None:
+        os.write(2, (why + "\n").encode(errors="replace"))
         os._exit(UNLAUNCHABLE)
     Runner(request, inputs, Program(request)).run()
