@@ -36,8 +36,8 @@ from asyncsandbox._process import (
     ProcessAttributes,
     ProcessBackend,
     _backend as process_backend,
-    _isolation,
     _seccomp,
+    _select,
 )
 from asyncsandbox._process._spawn import Pipe
 from asyncsandbox.testing import CHECKS, Check
@@ -393,11 +393,11 @@ async def test_every_mechanism_conforms(mechanism: str, check: Check, process_ro
 def no_mechanism_cached() -> Iterator[None]:
     """The mechanism is chosen once per process: forget it around a test that changes
     what the machine seems to offer."""
-    saved = dict(_isolation.SELECTED)
-    _isolation.SELECTED.clear()
+    saved = dict(_select.SELECTED)
+    _select.SELECTED.clear()
     yield
-    _isolation.SELECTED.clear()
-    _isolation.SELECTED.update(saved)
+    _select.SELECTED.clear()
+    _select.SELECTED.update(saved)
 
 
 async def test_refuses_with_what_is_missing(
@@ -411,7 +411,7 @@ async def test_refuses_with_what_is_missing(
     async with session(process_root, backend_options={"isolation": "auto"}) as s:
         assert s.backend.capabilities.isolation.startswith("native")
         assert "seccomp" in s.backend.capabilities.isolation
-    _isolation.SELECTED.clear()
+    _select.SELECTED.clear()
 
     def no_libseccomp() -> bytes:
         raise _seccomp.SeccompUnavailable(

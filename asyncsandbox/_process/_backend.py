@@ -26,11 +26,13 @@ from ..abc import Backend, BackendCapabilities, SandboxHandle, SandboxSpec
 from . import _state, _store
 from ._cgroups import Cgroups, SandboxCgroup
 from ._executor_path import ExecutorPath
-from ._isolation import MODES, Mechanism, Mode, Native, select, select_native
+from ._gvisor import GVisor
+from ._isolation import MODES, Mechanism, Mode, Resident
 from ._launcher_path import LauncherPath
 from ._layout import READ_ONLY_PREFIXES
 from ._path import Box, Path as CommandPath
 from ._sandbox import ProcessAttributes, ProcessSandbox
+from ._select import select, select_resident
 from ._store import SandboxMeta, Store
 from ._uids import DEFAULT_RANGE, UidPool
 
@@ -71,8 +73,10 @@ class ProcessBackend(Backend):
     :param root: where sandbox directories live (default ``/var/lib/asyncsandbox/process``
         as root, else ``~/.cache/asyncsandbox/process``; or ``$ASYNCSANDBOX_PROCESS_ROOT``).
     :param isolation: ``"auto"`` (bubblewrap if installed, else the native launcher, else
-        refuse with what is missing), ``"bwrap"``, ``"native"``, or ``"none"`` to run on the
-        host unisolated (unsafe; explicit only, with a warning). Default:
+        refuse with what is missing), ``"bwrap"``, ``"native"``, ``"gvisor"`` (each sandbox
+        a gVisor sandbox: a user-space kernel between its commands and the host's; needs
+        root and ``runsc``, chosen only when asked for), or ``"none"`` to run on the host
+        unisolated (unsafe; explicit only, with a warning). Default:
         ``$ASYNCSANDBOX_PROCESS_ISOLATION``, else ``"auto"``.
     :param seccomp: load the seccomp filter (default). ``False`` is a weaker mode, for
         machines without libseccomp; it is logged as a warning.
@@ -83,6 +87,7 @@ class ProcessBackend(Backend):
         launcher), started at the sandbox's first command and stopped after
         ``executor_idle`` seconds without one. Where the native launcher cannot run (or
         with ``False``), every command is launched on its own by the chosen mechanism.
+        gVisor runs commands only this way (``False`` is refused with it).
     :param executor_idle: seconds an executor waits for its next command before it stops
         (``None``: until the sandbox is removed).
     :param limits: ``"enforce"`` (default): a sandbox asking for a limit this backend
@@ -130,8 +135,14 @@ class ProcessBackend(Backend):
         elif uid_range is not None:
             raise InvalidArgument("uid_range needs root (without it, sandboxes run as you)")
         self._mechanism: Mechanism | None = None
+        if mode == "gvisor" and not fast_path:
+            raise InvalidArgument(
+                "isolation='gvisor' runs commands through each sandbox's resident executor "
+                "(a gVisor sandbox per command would boot a kernel per command); "
+                "fast_path=False is not on this mechanism"
+            )
         self._fast_path = fast_path and mode != "none"
-        self._native: Native | None = None  # the fast path's, once probed
+        self._resident: Resident | None = None  # the fast path's, once probed
         self._task_group: anyio.abc.TaskGroup | None = None
         self._store: Store | None = None  # once open
         self._caps: BackendCapabilities | None = None
@@ -161,7 +172,7 @@ class ProcessBackend(Backend):
             mechanism = select(self._mode, self._seccomp, root, etc, probe_ids)
             self._mechanism = mechanism
             if self._fast_path:
-                self._native = select_native(mechanism, self._seccomp, root, etc, probe_ids)
+                self._resident = select_resident(mechanism, self._seccomp, root, etc, probe_ids)
             if probe_ids is not None and self._uids is not None:
                 # The uid snapshot layers belong to, where sandboxes mount them (root, a
                 # kernel with idmapped overlay layers).
@@ -185,20 +196,23 @@ class ProcessBackend(Backend):
                 "filter would deny",
             )
         cgroups = Cgroups.detect() if mechanism.isolated else None
+        gvisor = isinstance(mechanism, GVisor)
         self._store = Store(
             root,
             uids=self._uids,
             cgroups=cgroups,
             snapshots=_state.Snapshots(root, owner=layer_owner),
         )
+        # (gVisor: the cgroup holds the whole gVisor sandbox, its kernel too; see _gvisor.)
         limits = set(cgroups.controllers) if cgroups else set()
         if self._uids is not None and mechanism.isolated:
             limits.add("disk_mb")
         self._caps = BackendCapabilities(
             isolation=mechanism.describe(root=self._uids is not None)
             + (
-                "; commands forked by a resident executor per sandbox (fast path, native)"
-                if self._native is not None
+                f"; commands forked by a resident executor per sandbox (fast path, "
+                f"{self._resident.name})"
+                if self._resident is not None
                 else ""
             )
             + (
@@ -210,7 +224,9 @@ class ProcessBackend(Backend):
             # Without isolation nothing is enforced: that mode is explicit and warned of.
             best_effort_limits=self._best_effort or not mechanism.isolated,
             limits_note=self._limits_note(frozenset(limits)),
-            network_modes=frozenset({"none", "host"} if mechanism.isolated else {"host"}),
+            network_modes=frozenset(
+                {"none"} if gvisor else {"none", "host"} if mechanism.isolated else {"host"}
+            ),
             reports_signal=False,
             snapshots=True,
             # Without isolation, a command's daemons leave its process group: a reset
@@ -341,9 +357,9 @@ class ProcessBackend(Backend):
             self.store.layout(meta), meta, cgroup, mechanism=self.mechanism, timeouts=self.timeouts
         )
         path: CommandPath
-        if self._native is not None and self._task_group is not None:
+        if self._resident is not None and self._task_group is not None:
             path = ExecutorPath(
-                box, native=self._native, task_group=self._task_group, idle=self._executor_idle
+                box, resident=self._resident, task_group=self._task_group, idle=self._executor_idle
             )
         else:
             path = LauncherPath(box)

@@ -16,13 +16,14 @@ import anyio.abc
 
 from .._errors import InfrastructureError, LaunchError
 from ._executor import Executor, ExecutorGone
-from ._isolation import LaunchOutput, Native
-from ._path import Box, Path, Run, children
+from ._isolation import LaunchOutput, Resident
+from ._path import Box, Path, Run, descendants
 from ._spawn import Pipe, spawn
 
 
 class ExecutorPath(Path):
-    """:param native: the native launcher, which starts executors.
+    """:param resident: the mechanism that starts executors (the native launcher, or
+        gVisor's, whose sandbox the executor is the first process of).
     :param task_group: where the executors' readers run (the backend's).
     :param idle: seconds an executor waits for its next command before it stops (None:
         until the sandbox is removed)."""
@@ -31,12 +32,12 @@ class ExecutorPath(Path):
         self,
         box: Box,
         *,
-        native: Native,
+        resident: Resident,
         task_group: anyio.abc.TaskGroup,
         idle: float | None,
     ) -> None:
         super().__init__(box)
-        self._native = native
+        self._resident = resident
         self._task_group = task_group
         self._idle = idle
         self.executor: Executor | None = None
@@ -118,8 +119,9 @@ class ExecutorPath(Path):
         await self.box.kill_all(sparing=None if executor is None else executor.process)
         if executor is None:
             return set()
-        # The executor's launcher, and the executor under it (PID 1 of the sandbox).
-        return {executor.process.pid, *children(executor.process.pid)}
+        # The executor's launcher, and the executor under it (PID 1 of the sandbox); or
+        # runsc, and the gVisor sandbox under it (its kernel and its file server).
+        return {executor.process.pid, *descendants(executor.process.pid)}
 
     async def stop(self) -> None:
         if self.executor is not None:
@@ -141,7 +143,7 @@ class ExecutorPath(Path):
         box = self.box
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            launch = self._native.executor(
+            launch = self._resident.executor(
                 box.layout, control=theirs.fileno(), cgroups=box.cgroup_files
             )
             try:
@@ -150,6 +152,7 @@ class ExecutorPath(Path):
                     env=launch.env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                     pass_fds=[*launch.fds, theirs.fileno()],
                     stdin=False,
+                    stdin_fd=launch.stdin,
                 )
             finally:
                 launch.close()

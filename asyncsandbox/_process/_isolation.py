@@ -12,6 +12,8 @@ exits 128+N); its environment never in any process's argv.
 * :class:`Bubblewrap` when ``bwrap`` is installed;
 * :class:`Native`, our own launcher (``_launcher.py``, Python's standard library only),
   on any Linux with user namespaces;
+* ``GVisor`` (``_gvisor.py``), only when asked for: a second kernel (gVisor's, in user
+  space) between the sandbox and the host's, with the same launcher inside it;
 * :class:`Unisolated` (``none``): only when asked for by name, with a warning.
 
 One protocol for all, on the command's stderr: what the mechanism writes there before
@@ -28,20 +30,17 @@ import shutil
 import subprocess
 import sys
 import types
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal, Protocol
 
-from .._errors import BackendUnavailable
-from .._log import get_logger
 from . import _layout, _seccomp
-from ._layout import SANDBOX_UID, SHIM_DIR, HostIds, Layout, rmtree
+from ._layout import SANDBOX_UID, SHIM_DIR, Layout
 
-Mode = Literal["auto", "bwrap", "native", "none"]
-MODES: tuple[Mode, ...] = ("auto", "bwrap", "native", "none")
+Mode = Literal["auto", "bwrap", "native", "gvisor", "none"]
+MODES: tuple[Mode, ...] = ("auto", "bwrap", "native", "gvisor", "none")
 
 STARTED = b"\0asyncsandbox:started\0"  # keep in step with _launcher.STARTED
 LAUNCHER = Path(__file__).with_name("_launcher.py")
@@ -152,6 +151,8 @@ class Launch:
     argv: list[str]
     env: dict[str, str]
     fds: list[int]
+    stdin: int | None = None
+    """A descriptor to be the process's stdin (else ``/dev/null``), not closed by us."""
 
     def close(self) -> None:
         for fd in self.fds:
@@ -191,6 +192,50 @@ class Mechanism(ABC):
         uid = "a distinct host uid per sandbox" if root else "the backend's own uid"
         return f"{self.summary}: " + "; ".join([*self.guarantees(), f"runs as {uid}"])
 
+    def probe(self, layout: Layout) -> str | None:
+        """Run a check in a throwaway sandbox; return what is wrong, or None.
+
+        Not only "does it start": the command must really be unprivileged, filtered, in its
+        own namespaces, as the mechanism promises.
+        """
+        script = "id -u; readlink /proc/self/ns/user; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status"
+        launch = self.launch(layout, ["/bin/sh", "-c", script], cwd="/", env={}, cgroups=())
+        try:
+            done = subprocess.run(
+                launch.argv,
+                env=launch.env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                pass_fds=launch.fds,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{self.name}: {exc}"
+        finally:
+            launch.close()
+        prefix, marker, _ = done.stderr.partition(STARTED)
+        if not marker or done.returncode != 0:
+            message = prefix.decode(errors="replace").strip() or f"exit status {done.returncode}"
+            return f"{self.name}: {message}"
+        if not self.isolated:
+            return None
+        lines = done.stdout.decode(errors="replace").split("\n")
+        status = dict(line.split(":\t", 1) for line in lines[2:] if ":\t" in line)
+        host_userns = os.readlink("/proc/self/ns/user")
+        problems = []
+        if lines[0] != str(SANDBOX_UID):
+            problems.append(f"the command runs as uid {lines[0]}")
+        if lines[1] == host_userns:
+            problems.append("the command is in the host's user namespace")
+        if int(status.get("CapEff", "1"), 16):
+            problems.append("the command holds capabilities")
+        if status.get("NoNewPrivs") != "1":
+            problems.append("no_new_privs is not set")
+        if self.seccomp and status.get("Seccomp") != "2":
+            problems.append("no seccomp filter is loaded")
+        return f"{self.name}: {'; '.join(problems)}" if problems else None
+
     @staticmethod
     def _host_prefix(layout: Layout, cgroups: Sequence[str]) -> list[str]:
         """Join the cgroups and become the sandbox's host user (as root), then exec."""
@@ -206,6 +251,15 @@ class Mechanism(ABC):
                 "--clear-groups",
             ]
         return prefix
+
+
+class Resident(Mechanism):
+    """A mechanism that can run a sandbox's resident executor (the fast path)."""
+
+    @abstractmethod
+    def executor(self, layout: Layout, *, control: int, cgroups: Sequence[str]) -> Launch:
+        """The sandbox's resident executor, serving commands on the socket ``control``
+        (the caller passes it to the spawned process too, and keeps it; see ``_executor``)."""
 
 
 class Unisolated(Mechanism):
@@ -317,7 +371,7 @@ def _default_signals() -> tuple[str, ...]:
     return (env, "--default-signal") if probe.returncode == 0 else ()
 
 
-class Native(Mechanism):
+class Native(Resident):
     name = "native"
     summary = "native launcher (Linux namespaces through Python's own system calls)"
 
@@ -326,8 +380,6 @@ class Native(Mechanism):
         self.cap_last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
 
     def executor(self, layout: Layout, *, control: int, cgroups: Sequence[str]) -> Launch:
-        """The sandbox's resident executor, serving commands on the socket ``control``
-        (the caller passes it to the spawned process too, and keeps it; see ``_executor``)."""
         return self.launch(layout, [], cwd="/", env={}, cgroups=cgroups, serve=control)
 
     def launch(
@@ -408,173 +460,3 @@ def _help(executable: str) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return done.stdout.decode(errors="replace")
-
-
-# -- choosing a mechanism ----------------------------------------------------------------
-
-
-def userns_problem() -> str | None:
-    """Why this machine does not let unprivileged users create user namespaces, if so."""
-    checks = (
-        ("/proc/sys/kernel/unprivileged_userns_clone", "0", "kernel.unprivileged_userns_clone=1"),
-        ("/proc/sys/user/max_user_namespaces", "0", "user.max_user_namespaces=15000"),
-        (
-            "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
-            "1",
-            (
-                "kernel.apparmor_restrict_unprivileged_userns=0 (or install bubblewrap, which "
-                "Ubuntu's AppArmor policy allows)"
-            ),
-        ),
-    )
-    for path, bad, fix in checks:
-        try:
-            if Path(path).read_text().strip() == bad:
-                return f"user namespaces are disabled ({path} is {bad}; set {fix})"
-        except OSError:
-            continue
-    return None
-
-
-def candidates(mode: Mode, *, seccomp: bool) -> list[Mechanism | IsolationUnavailable]:
-    """The mechanisms ``mode`` may use, best first, or why each cannot be used."""
-    if mode == "none":
-        return [Unisolated(seccomp=False)]
-    found: list[Mechanism | IsolationUnavailable] = []
-    if seccomp:
-        try:
-            _seccomp.program()
-        except _seccomp.SeccompUnavailable as exc:
-            return [IsolationUnavailable(f"seccomp: {exc}")]
-    if mode in ("auto", "bwrap"):
-        exe = shutil.which("bwrap")
-        if exe is None:
-            found.append(
-                IsolationUnavailable(
-                    "bwrap: bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-                )
-            )
-        else:
-            found.append(Bubblewrap(seccomp=seccomp, executable=exe))
-    if mode in ("auto", "native"):
-        found.append(Native(seccomp=seccomp))
-    return found
-
-
-def probe(mechanism: Mechanism, layout: Layout) -> str | None:
-    """Run a check in a throwaway sandbox; return what is wrong, or None.
-
-    Not only "does it start": the command must really be unprivileged, filtered, in its
-    own namespaces, as the mechanism promises.
-    """
-    script = "id -u; readlink /proc/self/ns/user; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status"
-    launch = mechanism.launch(layout, ["/bin/sh", "-c", script], cwd="/", env={}, cgroups=())
-    try:
-        done = subprocess.run(
-            launch.argv,
-            env=launch.env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-            pass_fds=launch.fds,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=60,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{mechanism.name}: {exc}"
-    finally:
-        launch.close()
-    prefix, marker, _ = done.stderr.partition(STARTED)
-    if not marker or done.returncode != 0:
-        message = prefix.decode(errors="replace").strip() or f"exit status {done.returncode}"
-        return f"{mechanism.name}: {message}"
-    if not mechanism.isolated:
-        return None
-    lines = done.stdout.decode(errors="replace").split("\n")
-    status = dict(line.split(":\t", 1) for line in lines[2:] if ":\t" in line)
-    host_userns = os.readlink("/proc/self/ns/user")
-    problems = []
-    if lines[0] != str(SANDBOX_UID):
-        problems.append(f"the command runs as uid {lines[0]}")
-    if lines[1] == host_userns:
-        problems.append("the command is in the host's user namespace")
-    if int(status.get("CapEff", "1"), 16):
-        problems.append("the command holds capabilities")
-    if status.get("NoNewPrivs") != "1":
-        problems.append("no_new_privs is not set")
-    if mechanism.seccomp and status.get("Seccomp") != "2":
-        problems.append("no seccomp filter is loaded")
-    return f"{mechanism.name}: {'; '.join(problems)}" if problems else None
-
-
-def scratch_layout(parent: Path, etc: Path, host_ids: HostIds | None) -> Layout:
-    layout = Layout(
-        parent / f".probe-{uuid.uuid4().hex[:8]}", None, "/workspace", "none", etc, host_ids
-    )
-    _layout.prepare(layout)
-    return layout
-
-
-SELECTED: dict[tuple[Mode, bool], Mechanism] = {}
-"""The mechanism each (mode, seccomp) resolved to: probed once per process."""
-
-
-def select(mode: Mode, seccomp: bool, scratch: Path, etc: Path, ids: HostIds | None) -> Mechanism:
-    """The mechanism ``mode`` resolves to on this machine (probed in a throwaway sandbox
-    under ``scratch``, once per process); raise :class:`BackendUnavailable` saying what
-    is missing and how to get it."""
-    key = (mode, seccomp)
-    if key in SELECTED:
-        return SELECTED[key]
-    problems: list[str] = []
-    for candidate in candidates(mode, seccomp=seccomp):
-        if isinstance(candidate, IsolationUnavailable):
-            problems.append(str(candidate))
-            continue
-        layout = scratch_layout(scratch, etc, ids)
-        try:
-            problem = probe(candidate, layout)
-        finally:
-            rmtree(layout.root)
-        if problem is None:
-            SELECTED[key] = candidate
-            return candidate
-        problems.append(problem)
-    if mode in ("auto", "native") and (why := userns_problem()):
-        problems.append(why)
-    hints = [
-        "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)",
-        "or allow unprivileged user namespaces",
-    ]
-    if any(p.startswith("seccomp") for p in problems):
-        hints.append(
-            "or pass backend_options={'seccomp': False} to run without the seccomp filter "
-            "(weaker isolation)"
-        )
-    hints.append(
-        "or pass backend_options={'isolation': 'none'} to run commands on the host without "
-        "any isolation (unsafe for untrusted code)"
-    )
-    raise BackendUnavailable(
-        "the process backend cannot isolate sandboxes on this machine ("
-        + "; ".join(problems)
-        + "). To fix it: "
-        + ", ".join(hints)
-        + ".",
-        retryable=False,
-    )
-
-
-def select_native(
-    chosen: Mechanism, seccomp: bool, scratch: Path, etc: Path, ids: HostIds | None
-) -> Native | None:
-    """The native launcher for resident executors (the fast path), if it runs here:
-    ``chosen`` itself when it is one."""
-    if isinstance(chosen, Native):
-        return chosen
-    try:
-        native = select("native", seccomp, scratch, etc, ids)
-    except BackendUnavailable as exc:
-        get_logger().debug("process.fast_path.unavailable", reason=str(exc))
-        return None
-    assert isinstance(native, Native)
-    return native

@@ -96,6 +96,7 @@ MOUNT_OPTIONS = {
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_SECCOMP = 22
+PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
@@ -193,6 +194,8 @@ def failed(exc: BaseException) -> NoReturn:
 
 def main(spec: Spec) -> NoReturn:
     try:
+        if spec.get("gvisor"):
+            contained(spec)  # never returns
         launcher(spec)
     except BaseException as exc:  # noqa: BLE001 - report, never a traceback on stderr
         failed(exc)
@@ -242,6 +245,20 @@ def exit_code(status: int) -> int:
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
     return os.WEXITSTATUS(status)
+
+
+def contained(spec: Spec) -> NoReturn:
+    """The resident executor in a gVisor sandbox (``_gvisor.py``): runsc has built the view,
+    the namespaces and the network; we are the container's first process (PID 1), its root
+    (with the capabilities to give each command a PID namespace and to become the sandbox's
+    user in it), behind gVisor's kernel, and the control socket is our stdin."""
+    global select
+    import select
+
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
+    control = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)  # 0 becomes /dev/null in serve()
+    serve(spec, control)
 
 
 # -- init (PID 1) ------------------------------------------------------------------------
@@ -487,11 +504,26 @@ def spawnvpe(argv: list[str], env: dict[str, str]) -> tuple[int | None, int]:
     return None, error
 
 
-def drop_capabilities(cap_last: int) -> None:
+def become(spec: Spec) -> None:
+    """Leave the executor's root for the sandbox's user, for good (gVisor: a command init
+    is forked by the executor, the container's root; the command must not share its uid,
+    or it could signal it)."""
+    drop_capabilities(spec["cap_last_cap"], bounding_only=True)  # needs CAP_SETPCAP: first
+    uid = spec["uid"]
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)  # clears the permitted and effective sets
+
+
+def drop_capabilities(cap_last: int, *, bounding_only: bool = False) -> None:
     for cap in range(cap_last + 1):
+        if LIBC.prctl(PR_CAPBSET_READ, ctypes.c_ulong(cap), 0, 0, 0) == 0:
+            continue  # not in the set (dropped already, as become() does)
         failed = LIBC.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) != 0
         if failed and ctypes.get_errno() != errno.EINVAL:  # EINVAL: the kernel lacks it
             raise SetupError(f"drop capability {cap}", ctypes.get_errno())
+    if bounding_only:
+        return
     LIBC.prctl(PR_CAP_AMBIENT, ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0)
     header = struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0)
     data = bytes(24)  # two of {effective, permitted, inheritable}, all empty
@@ -610,7 +642,10 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
     # Our own PID namespace: each command's namespace is made by unshare(), which then
     # leaves pid_ns_for_children pointing at it; setns() back to ours before the next one
     # (the kernel refuses a second unshare otherwise).
-    own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    # (gVisor has no setns(), and needs none: there, unshare() always makes the new PID
+    # namespace a child of the caller's own.)
+    contained = bool(spec.get("gvisor"))
+    own_pid_ns = -1 if contained else os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     inits: dict[int, CommandInit] = {}  # by pid, until reaped
     channels: dict[int, CommandInit] = {}  # by the descriptor of their channel, while open
     poller = select.poll()
@@ -657,8 +692,9 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
                     continue
                 init.request = request["id"]
                 return
-        check(LIBC.setns(own_pid_ns, CLONE_NEWPID), "return to the sandbox's PID namespace")
-        ours = (control_fd, wake_r, wake_w, own_pid_ns, *channels)
+        if not contained:
+            check(LIBC.setns(own_pid_ns, CLONE_NEWPID), "return to the sandbox's PID namespace")
+        ours = (control_fd, wake_r, wake_w, *([] if contained else [own_pid_ns]), *channels)
         pid, channel = fork_command(spec, request, fds, ours)
         init = inits[pid] = CommandInit(pid, channel, request["id"])
         channels[channel.fileno()] = init
@@ -783,10 +819,16 @@ def command_init(spec: Spec, request: dict[str, Any], fds: list[int], channel: A
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for signum in FORWARDED:
         signal.signal(signum, forward)
-    check(LIBC.unshare(CLONE_NEWNS), "create the command's mount namespace")
-    mount(None, "/", None, MS_REC | MS_PRIVATE)
-    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    remount("/proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if spec.get("gvisor"):
+        # gVisor's mount namespaces are the sandbox's (unshare(CLONE_NEWNS) changes
+        # nothing there): the command sees the sandbox's /proc (gVisor's, holding only the
+        # sandbox's processes), and is kept from the executor by its uid instead.
+        become(spec)
+    else:
+        check(LIBC.unshare(CLONE_NEWNS), "create the command's mount namespace")
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        remount("/proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
     shed(spec)
     pristine = scheduling()

@@ -4,7 +4,7 @@ There are two paths (Docker's shape: one small module each, chosen once, when th
 sandbox is made): ``_executor_path.py`` (the fast path: the sandbox's resident executor
 forks each command) and ``_launcher_path.py`` (a launcher per command builds the sandbox
 around it). The backend picks the executor path where the native launcher runs (and
-``fast_path`` is on), the launcher path elsewhere.
+``fast_path`` is on) and always with gVisor, the launcher path elsewhere.
 """
 
 from __future__ import annotations
@@ -162,3 +162,13 @@ def children(pid: int) -> list[int]:
             return [int(child) for child in f.read().split()]
     except (OSError, ValueError):
         return []
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under ``pid`` (its children, theirs, ...)."""
+    found, todo = [], children(pid)
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo += children(child)
+    return found

@@ -201,9 +201,16 @@ class Child:
 
 
 def spawn(
-    argv: Sequence[str], *, env: Mapping[str, str], pass_fds: Sequence[int], stdin: bool
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    pass_fds: Sequence[int],
+    stdin: bool,
+    stdin_fd: int | None = None,
 ) -> Child:
-    """Fork and exec ``argv`` in a session of its own, from this (the event loop's) thread."""
+    """Fork and exec ``argv`` in a session of its own, from this (the event loop's) thread.
+    ``stdin``: a pipe to its stdin, ours to write; else ``stdin_fd`` (kept by the caller)
+    or ``/dev/null``."""
     ours: list[int] = []
     theirs: list[int] = []
     try:
@@ -215,7 +222,7 @@ def spawn(
             ours[2], theirs[2] = theirs[2], ours[2]
         popen = subprocess.Popen(
             list(argv),
-            stdin=theirs[2] if stdin else subprocess.DEVNULL,
+            stdin=theirs[2] if stdin else subprocess.DEVNULL if stdin_fd is None else stdin_fd,
             stdout=theirs[0],
             stderr=theirs[1],
             env=dict(env),
