@@ -152,16 +152,19 @@ def sandbox_dirs(root: Path) -> list[str]:
         return []
 
 
-PROCESS_MECHANISMS = ("bwrap", "native", "executor")
+PROCESS_MECHANISMS = ("bwrap", "native", "executor", "gvisor")
 """``bwrap`` and ``native``: a launcher per command. ``executor``: the native launcher's
 resident executor (the fast path), where commands run in namespaces of their own inside
-long-lived ones. Tests of the process backend's isolation run on each one the machine has."""
+long-lived ones. ``gvisor``: the executor inside a gVisor sandbox (runsc). Tests of the
+process backend's isolation run on each one the machine has."""
 
 
 def process_options(mechanism: str) -> dict[str, Any]:
     """The process backend's options that select ``mechanism``."""
     if mechanism == "executor":
         return {"isolation": "native", "fast_path": True}
+    if mechanism == "gvisor":
+        return {"isolation": "gvisor", "fast_path": True}
     return {"isolation": mechanism, "fast_path": False}
 
 
@@ -172,7 +175,22 @@ def mechanism_unavailable(mechanism: str) -> str | None:
         return f"ASYNCSANDBOX_PROCESS_ISOLATION={forced} forces another mechanism"
     if mechanism == "bwrap" and shutil.which("bwrap") is None:
         return "bubblewrap is not installed"
+    if mechanism == "gvisor":
+        return gvisor_unavailable()
     return None
+
+
+def gvisor_unavailable() -> str | None:
+    """Why the gvisor mechanism does not run here (a skip reason), or None; with
+    ``ASYNCSANDBOX_REQUIRE_GVISOR=1`` (CI, where runsc is installed) the test fails instead."""
+    problem = None
+    if shutil.which("runsc") is None:
+        problem = "gVisor's runsc is not installed (Debian/Ubuntu: apt-get install runsc)"
+    elif os.geteuid() != 0:
+        problem = "the gvisor mechanism needs root"
+    if problem is not None and os.environ.get("ASYNCSANDBOX_REQUIRE_GVISOR") == "1":
+        pytest.fail(f"gVisor is required (ASYNCSANDBOX_REQUIRE_GVISOR=1): {problem}")
+    return problem
 
 
 @asynccontextmanager
