@@ -24,7 +24,7 @@ from asyncsandbox.testing import (
 )
 from asyncsandbox.testing._fake import BUILTIN_COMMANDS
 
-from ._support import process_launch_failure
+from ._support import gvisor_unavailable, process_launch_failure
 
 
 def fake() -> tuple[Callable[[], Backend], LaunchFailure | None]:
@@ -48,7 +48,13 @@ def process() -> tuple[Callable[[], Backend], LaunchFailure | None]:
     return ProcessBackend, process_launch_failure
 
 
-BACKENDS = {"fake": fake, "process": process}
+def process_gvisor() -> tuple[Callable[[], Backend], LaunchFailure | None]:
+    if reason := gvisor_unavailable():
+        pytest.skip(reason)
+    return functools.partial(ProcessBackend, isolation="gvisor"), process_launch_failure
+
+
+BACKENDS = {"fake": fake, "process": process, "process-gvisor": process_gvisor}
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)

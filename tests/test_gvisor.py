@@ -18,7 +18,15 @@ from typing import Any
 import anyio
 import pytest
 
-from asyncsandbox import BackendUnavailable, ExecTimeout, InvalidArgument, Sandbox, Session
+from asyncsandbox import (
+    BackendUnavailable,
+    ExecTimeout,
+    InvalidArgument,
+    Resources,
+    Sandbox,
+    SandboxDefaults,
+    Session,
+)
 from asyncsandbox._process import ProcessBackend, _select
 
 from ._support import gvisor_unavailable, new_process_root, unique_marker
@@ -41,10 +49,11 @@ def root() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def session(root: Path, **options: Any) -> Session:
+def session(root: Path, defaults: SandboxDefaults | None = None, **options: Any) -> Session:
     return Session(
         "process",
         backend_options={"root": root, "isolation": "gvisor", **options},
+        defaults=defaults,
         sweep=False,
         report_to=[],
     )
@@ -141,6 +150,31 @@ async def test_commands_cannot_kill_the_executor(root: Path) -> None:
     assert after.stdout_text == "alive\n"
 
 
+async def test_pids_limit_holds_inside_gvisor(root: Path) -> None:
+    """pids is gVisor's kernel's to enforce (the sandbox user's RLIMIT_NPROC, see
+    _gvisor): forks stop at the limit, and the sandbox still serves commands."""
+    script = (
+        "import os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    for _ in range(200):\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(30)\n"
+        "            os._exit(0)\n"
+        "        n += 1\n"
+        "except OSError as e:\n"
+        "    print('stopped', n < 200, e.errno)\n"
+    )
+    if reason := gvisor_unavailable():
+        pytest.skip(reason)
+    defaults = SandboxDefaults(resources=Resources(pids=32))
+    async with session(root, defaults=defaults) as s, s.sandbox() as sb:
+        result = await sb.exec(["python3", "-c", script], timeout=60)
+        after = await sb.exec(["echo", "ok"], check=True)
+    assert result.stdout_text.split() == ["stopped", "True", "11"], result
+    assert after.stdout_text == "ok\n"
+
+
 async def test_no_network_but_loopback(root: Path) -> None:
     script = (
         "import socket\n"
@@ -156,11 +190,6 @@ async def test_no_network_but_loopback(root: Path) -> None:
     assert result.stdout_text.splitlines() == ["loopback", "no route"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Debian 12's runsc (20221219) refuses statx/fstatat with AT_NO_AUTOMOUNT, which "
-    "coreutils' stat passes: read_file's shell script fails there (newer gVisor accepts it)",
-)
 async def test_files_are_the_sandbox_users(root: Path) -> None:
     """Files written from the host are the sandbox user's inside, and its own writes are
     read back from the host (the bundle's user mapping)."""

@@ -17,6 +17,7 @@ from typing import Any, Self
 import anyio
 import anyio.abc
 import anyio.to_thread
+import msgspec
 
 from .. import _validate as check
 from .._errors import BackendUnavailable, InvalidArgument, SandboxNotFound
@@ -342,6 +343,12 @@ class ProcessBackend(Backend):
             snapshot=spec.snapshot,
             layers=snapshot.layers if spec.snapshot is not None else [],
         )
+        if isinstance(self.mechanism, GVisor) and spec.resources.pids is not None:
+            # Enforced by gVisor's kernel, not the cgroup (see _gvisor).
+            meta.nproc = spec.resources.pids
+            spec = msgspec.structs.replace(
+                spec, resources=msgspec.structs.replace(spec.resources, pids=None)
+            )
         try:
             cgroup = await anyio.to_thread.run_sync(store.create, meta, spec)
         except BaseException:

@@ -144,7 +144,7 @@ class ExecutorPath(Path):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             launch = self._resident.executor(
-                box.layout, control=theirs.fileno(), cgroups=box.cgroup_files
+                box.layout, control=theirs.fileno(), cgroups=box.cgroup_files, nproc=box.meta.nproc
             )
             try:
                 process = spawn(

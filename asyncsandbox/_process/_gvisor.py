@@ -37,8 +37,11 @@ What this version of gVisor (Debian 12's 20221219) cannot give, and what we do i
   gVisor sandbox (runsc, its kernel and file server; as Docker does with runsc):
   ``memory_mb`` bounds the sandbox's memory with its kernel's (tens of MiB), and a sandbox
   that exceeds it is ended whole (the host kills gVisor's kernel), not one command with
-  137; ``pids`` bounds host threads (on the ptrace platform, one per thread of the
-  sandbox, plus the kernel's own). ``cpus`` and the disk quota hold as elsewhere.
+  137. ``pids`` is not the cgroup's there (on the ptrace platform the kernel's own host
+  threads count, and twelve concurrent pythons passed 512): gVisor's kernel enforces it,
+  as the sandbox user's ``RLIMIT_NPROC`` (all the sandbox's commands run as that one user,
+  so it bounds the sandbox's processes and threads, as ``pids.max`` would). ``cpus`` and
+  the disk quota hold as elsewhere.
 """
 
 from __future__ import annotations
@@ -138,8 +141,10 @@ class GVisor(Resident):
         # chooses a launcher per command with this mechanism.
         raise NotImplementedError("gVisor runs commands through the sandbox's executor only")
 
-    def executor(self, layout: Layout, *, control: int, cgroups: Sequence[str]) -> Launch:
-        bundle = self._bundle(layout)
+    def executor(
+        self, layout: Layout, *, control: int, cgroups: Sequence[str], nproc: int | None = None
+    ) -> Launch:
+        bundle = self._bundle(layout, nproc)
         prefix = ["/bin/sh", "-c", JOIN_CGROUPS, "sh", *cgroups, "--"] if cgroups else []
         container = f"asyncsandbox-{layout.root.name}-{uuid.uuid4().hex[:8]}"
         argv = [
@@ -157,7 +162,7 @@ class GVisor(Resident):
         ]
         return Launch(argv, {}, [], stdin=control)
 
-    def _bundle(self, layout: Layout) -> Path:
+    def _bundle(self, layout: Layout, nproc: int | None) -> Path:
         """Write the sandbox's OCI bundle (its ``config.json`` and the executor's boot
         file) and the symlinks of its root; return its directory."""
         bundle = layout.root / "gvisor"
@@ -181,6 +186,7 @@ class GVisor(Resident):
             "argv": [],
             "env": layout.env({}),
             "network": "none",
+            "nproc": nproc,
         }
         boot = bundle / "boot"
         boot.unlink(missing_ok=True)

@@ -257,9 +257,13 @@ class Resident(Mechanism):
     """A mechanism that can run a sandbox's resident executor (the fast path)."""
 
     @abstractmethod
-    def executor(self, layout: Layout, *, control: int, cgroups: Sequence[str]) -> Launch:
+    def executor(
+        self, layout: Layout, *, control: int, cgroups: Sequence[str], nproc: int | None = None
+    ) -> Launch:
         """The sandbox's resident executor, serving commands on the socket ``control``
-        (the caller passes it to the spawned process too, and keeps it; see ``_executor``)."""
+        (the caller passes it to the spawned process too, and keeps it; see ``_executor``).
+        ``nproc``: the pids limit where the mechanism enforces it itself (gVisor), not by
+        the cgroup."""
 
 
 class Unisolated(Mechanism):
@@ -379,7 +383,9 @@ class Native(Resident):
         super().__init__(seccomp=seccomp)
         self.cap_last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
 
-    def executor(self, layout: Layout, *, control: int, cgroups: Sequence[str]) -> Launch:
+    def executor(
+        self, layout: Layout, *, control: int, cgroups: Sequence[str], nproc: int | None = None
+    ) -> Launch:
         return self.launch(layout, [], cwd="/", env={}, cgroups=cgroups, serve=control)
 
     def launch(

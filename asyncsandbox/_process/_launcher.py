@@ -252,7 +252,8 @@ def contained(spec: Spec) -> NoReturn:
     the namespaces and the network; we are the container's first process (PID 1), its root
     (with the capabilities to give each command a PID namespace and to become the sandbox's
     user in it), behind gVisor's kernel, and the control socket is our stdin."""
-    global select
+    global resource, select
+    import resource
     import select
 
     for signum in FORWARDED:
@@ -510,6 +511,8 @@ def become(spec: Spec) -> None:
     or it could signal it)."""
     drop_capabilities(spec["cap_last_cap"], bounding_only=True)  # needs CAP_SETPCAP: first
     uid = spec["uid"]
+    if spec.get("nproc") is not None:  # the sandbox's pids limit (see _gvisor)
+        resource.setrlimit(resource.RLIMIT_NPROC, (spec["nproc"], spec["nproc"]))
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)  # clears the permitted and effective sets
@@ -577,6 +580,7 @@ def forward(signum: int, frame: object) -> None:
 # -- the resident executor (serve mode) ----------------------------------------------------
 
 select: Any = None  # imported by the launcher in serve mode only
+resource: Any = None  # imported by contained() (gVisor) only
 
 
 KEEP_IDLE = 4  # command inits kept, idle, for the sandbox's next commands

@@ -49,6 +49,7 @@ class SandboxMeta(msgspec.Struct, kw_only=True):
     quota: bool = False
     snapshot: str | None = None  # started from it (and reset to it)
     layers: list[str] = []  # the snapshot's layers it mounts, top first (see _state)
+    nproc: int | None = None  # gVisor: the pids limit, as the sandbox user's RLIMIT_NPROC
 
 
 _meta_decoder = msgspec.json.Decoder(SandboxMeta)
