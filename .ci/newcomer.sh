@@ -2,14 +2,14 @@
 # a machine with no Docker engine and no bubblewrap, and usually not as root. CI has all of
 # them installed (and runs as root), so it takes them away again here:
 #
-#   as_newcomer CMD...    CMD with a PATH on which the bwrap and docker programs do not
+#   as_newcomer CMD...    CMD with a PATH on which the bwrap, docker and runsc programs do not
 #                         exist (a directory of links to every other program) and
 #                         DOCKER_HOST naming a socket that does not exist: nothing of
 #                         either is reachable, as on a fresh machine.
 #   as_unprivileged CMD   CMD (a shell command line) as a fresh unprivileged user, in a
 #                         copy of the checkout with its own environment (Debian's python3).
 
-NEWCOMER_HIDDEN=" bwrap docker dockerd "
+NEWCOMER_HIDDEN=" bwrap docker dockerd runsc "
 
 as_newcomer() {
     local bin dir entry name

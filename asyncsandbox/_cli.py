@@ -152,13 +152,27 @@ async def _cmd_backends(args: argparse.Namespace) -> int:
         print(f"{name:<8} {detail}")
         if name == "process":
             await _print_mechanisms()
+        if name == "docker" and not detail.startswith("unavailable"):
+            await _print_gvisor_runtime()
     return 0
+
+
+async def _print_gvisor_runtime() -> None:
+    """Whether the Docker daemon runs containers in gVisor (``runtime="runsc"``)."""
+    try:
+        backend = create_backend("docker", {"runtime": "runsc"})
+        async with backend:
+            detail = "available: " + backend.capabilities.isolation
+    except SandboxError as exc:
+        detail = f"unavailable: {exc}"
+    print("         gVisor runtime (backend_options={'runtime': 'runsc'}):")
+    print(f"           runsc   {detail}")
 
 
 async def _print_mechanisms() -> None:
     """What each isolation mechanism of the process backend provides on this machine."""
     print("         isolation mechanisms here (backend_options={'isolation': NAME}):")
-    for mode in ("bwrap", "native"):
+    for mode in ("bwrap", "native", "gvisor"):
         try:
             backend = create_backend("process", {"isolation": mode})
             async with backend:
@@ -166,6 +180,7 @@ async def _print_mechanisms() -> None:
         except SandboxError as exc:
             detail = f"unavailable: {exc}"
         print(f"           {mode:<7} {detail}")
+    print("           (gvisor only when asked for by name: a kernel of its own per sandbox)")
     print("           none    only when asked for by name: no isolation at all")
 
 

@@ -357,3 +357,22 @@ def test_a_plugin_adds_a_command(process_root: Path, tmp_path: Path) -> None:
     builtin = python_with(site, "ls", root=process_root)
     assert builtin.returncode == 0, builtin.stderr.decode()
     assert builtin.stdout == b"no sandboxes\n"
+
+
+def test_backends_says_whether_gvisor_runs_here(process_root: Path) -> None:
+    """The process backend's gvisor mechanism is listed with what it gives, or why it does
+    not run here (naming the package to install where runsc is missing)."""
+    listing = cli("backends", root=process_root)
+    assert listing.returncode == 0, listing.stderr
+    line = next(
+        (l for l in listing.stdout.decode().splitlines() if l.strip().startswith("gvisor ")),
+        None,
+    )
+    assert line is not None, listing.stdout.decode()
+    if shutil.which("runsc") is None:
+        expected = ["unavailable", "apt-get install runsc"]
+    elif os.geteuid() == 0:
+        expected = ["available: gVisor", "user-space kernel"]
+    else:
+        expected = ["unavailable", "needs root"]
+    assert all(text in line for text in expected), line

@@ -91,6 +91,38 @@ def set_subreaper() -> bool:
     return prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
+CLONE_NEWPID = 0x20000000
+IN_PID_NAMESPACE = [False]  # kill_tree: the shepherd is PID 1 of the command's namespace
+
+
+def own_pid_namespace() -> None:
+    """Where there is no child subreaper (gVisor 20221219 refuses it), keep the command's
+    tree below us another way: a PID namespace of its own, whose init we become (orphans
+    are reparented to it; SIGKILL to it ends them all). Needs CAP_SYS_ADMIN (the Docker
+    backend adds it under gVisor only, where it is gVisor's kernel's, not the host's).
+    Our parent stays outside, forwards SIGTERM to us, and exits as we do."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(CLONE_NEWPID) != 0:
+            return
+    except (ImportError, OSError, AttributeError):
+        return
+    init = os.fork()
+    if init == 0:
+        IN_PID_NAMESPACE[0] = True
+        return
+    signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(init, signal.SIGTERM))
+    while True:
+        try:
+            _, status = os.waitpid(init, 0)
+            break
+        except InterruptedError:
+            continue
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
 class LaunchFailed(Exception):
     """We could not start the command (it never ran); ``record`` says why: b"1" (may pass:
     retryable) or b"0", then a message."""
@@ -215,6 +247,14 @@ def reap() -> None:
 
 def kill_tree() -> None:
     """SIGKILL every descendant until none is left (new forks are caught next round)."""
+    if IN_PID_NAMESPACE[0]:  # everything else in the namespace is the command's
+        while True:
+            with suppress(OSError):
+                os.kill(-1, signal.SIGKILL)
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                return
     me = os.getpid()
     for _ in range(10000):
         pids = descendants(me)
@@ -397,7 +437,8 @@ def shepherd(spec: "Dict[str, object]", uid: int, gid: int) -> None:
     """In a forked child of the executor, fds 0-3 set: run one command and report on fd 3
     how it ended, or that it could not be started (``launch_error``)."""
     os.closerange(4, 65536)
-    set_subreaper()
+    if not set_subreaper():
+        own_pid_namespace()
     status: Dict[str, object] = {"returncode": 137, "signal": 9, "oom": False}
 
     def report() -> None:

@@ -76,6 +76,14 @@ class DockerBackend(Backend):
         the sandbox user can write is a tmpfs (the workdir, the home, ``/tmp``,
         ``/var/tmp``, ``/dev/shm``), whose content counts toward ``memory_mb``. With
         ``user="sandbox"`` only.
+    :param runtime: the OCI runtime of the containers (Docker's ``--runtime``), default the
+        daemon's. ``"runsc"`` runs each sandbox in gVisor (a user-space kernel between it and
+        the host's), once the daemon is configured for it (``/etc/docker/daemon.json``:
+        ``{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs":
+        ["--network=none"]}}}``, then ``kill -HUP`` the daemon); a daemon without the
+        runtime is refused when the backend opens, saying how to configure it. With
+        ``runsc``, sandboxes have no network (``network="host"`` is refused), and
+        ``memory_mb``/``pids`` bound the whole gVisor sandbox, its kernel included.
 
     Runs on asyncio only (aiodocker is asyncio-based).
     """
@@ -93,6 +101,7 @@ class DockerBackend(Backend):
         max_connections: int = 4096,
         fast_path: bool = True,
         recyclable: bool = False,
+        runtime: str | None = None,
     ) -> None:
         if call_deadline is not None:
             raise InvalidArgument(
@@ -104,6 +113,8 @@ class DockerBackend(Backend):
             raise InvalidArgument(f"user must be 'sandbox' or 'root', got {user!r}")
         if pull not in ("missing", "never"):
             raise InvalidArgument(f"pull must be 'missing' or 'never', got {pull!r}")
+        if runtime == "":
+            raise InvalidArgument(f"runtime must be a runtime's name, got {runtime!r}")
         if recyclable and user != "sandbox":
             raise InvalidArgument(
                 "recyclable=True needs user='sandbox': a reset kills every process of the "
@@ -112,6 +123,7 @@ class DockerBackend(Backend):
         self.default_image = default_image
         self.fast_path = fast_path
         self.recyclable = recyclable
+        self.runtime = runtime
         self.user = user
         self.pull = pull
         self.engine = Engine(url, max_connections=max_connections)
@@ -119,11 +131,21 @@ class DockerBackend(Backend):
         self._image_locks: dict[str, anyio.Lock] = defaultdict(anyio.Lock)
         self._ooms = OomKills()
         self._task_group: anyio.abc.TaskGroup | None = None
+        gvisor = runtime == "runsc"
         self._caps = BackendCapabilities(
             async_libraries=frozenset({"asyncio"}),
-            isolation="Docker containers (namespaces, cgroups, no capabilities beyond process management)",
+            isolation="Docker containers (namespaces, cgroups, no capabilities beyond process management)"
+            + (
+                "; in gVisor (runtime runsc: a user-space kernel between the container and "
+                "the host's; limits bound the whole gVisor sandbox, its kernel included)"
+                if gvisor
+                else f"; runtime {runtime}"
+                if runtime
+                else ""
+            ),
             enforced_limits=frozenset({"cpus", "memory_mb", "pids"}),
-            network_modes=frozenset({"none", "host"}),
+            # runsc's own network stack is not used: its runtime runs with --network=none.
+            network_modes=frozenset({"none"} if gvisor else {"none", "host"}),
             reports_signal=fast_path,
             snapshots=True,
             reset=recyclable,
@@ -140,6 +162,9 @@ class DockerBackend(Backend):
 
     async def __aenter__(self) -> Self:
         info = await self.engine.open(self.timeouts)
+        if self.runtime is not None and self.runtime not in (info.get("Runtimes") or {}):
+            await self.engine.close()
+            raise BackendUnavailable(_runtime_missing(self.runtime, info), retryable=False)
         log.debug(
             "docker.connected",
             version=info.get("ServerVersion"),
@@ -236,6 +261,13 @@ class DockerBackend(Backend):
             "SecurityOpt": ["no-new-privileges"],
             "LogConfig": {"Type": "none", "Config": {}},
         }
+        if self.runtime is not None:
+            host_config["Runtime"] = self.runtime
+        if self.runtime == "runsc" and self.user == "sandbox":
+            # gVisor has no child subreaper: the agent gives each command a PID namespace
+            # instead (_agent.own_pid_namespace), which needs CAP_SYS_ADMIN: gVisor's
+            # kernel's there, not the host's. Commands, as the sandbox user, hold none.
+            host_config["CapAdd"] = [*_AGENT_CAPS, "SYS_ADMIN"]
         if self.recyclable:
             host_config["ReadonlyRootfs"] = True
             owned = f"{_TMPFS},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=755"
@@ -396,3 +428,24 @@ def _pull_error(image: str, message: str) -> SandboxError:
     ):
         return InvalidArgument(f"image {image!r} cannot be had: {message}")
     return BackendUnavailable(f"pulling image {image!r} failed: {message}", retryable=True)
+
+
+def _runtime_missing(runtime: str, info: Mapping[str, Any]) -> str:
+    """Why the daemon cannot run ``runtime``, and how to configure it."""
+    known = ", ".join(sorted(info.get("Runtimes") or {})) or "none"
+    message = f"the Docker daemon has no runtime {runtime!r} (it has: {known})"
+    if runtime == "runsc":
+        message += (
+            ". To use gVisor: install runsc (Debian/Ubuntu: apt-get install runsc), add it to "
+            "/etc/docker/daemon.json as "
+            '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": '
+            '["--network=none"]}}} (gVisor\'s own network stack is not used: sandboxes have '
+            "no network), then make the daemon reload its configuration (kill -HUP the "
+            "dockerd process, or restart it)"
+        )
+    else:
+        message += (
+            '; add it under "runtimes" in /etc/docker/daemon.json and reload the daemon '
+            "(kill -HUP the dockerd process)"
+        )
+    return message
