@@ -15,6 +15,7 @@ import functools
 import importlib
 import inspect
 import io
+import os
 import shutil
 import tarfile
 import uuid
@@ -208,6 +209,12 @@ DOCKER_VARIANTS: dict[str, Variant] = {
         description="as asyncsandbox-docker with Session(warm_pool=WarmPool(size=N, "
         "max_age=600)): acquisition is a hand-over from pre-started sandboxes",
     ),
+    "asyncsandbox-docker-runsc": Variant(
+        backend_options={"runtime": "runsc"},
+        requires=("runtime",),
+        description="as asyncsandbox-docker with DockerBackend(runtime='runsc'): each "
+        "container in gVisor (the daemon configured with the runsc runtime)",
+    ),
     "asyncsandbox-docker-recycle": Variant(
         backend_options={"recyclable": True},
         warm_pool=True,
@@ -231,6 +238,8 @@ def features() -> set[str]:
         return found
     found.add("docker")
     parameters = inspect.signature(DockerBackend).parameters
+    if "runtime" in parameters:
+        found.add("runtime")
     if "fast_path" in parameters:
         found.add("fast_path")
         if parameters["fast_path"].default is True:
@@ -409,6 +418,17 @@ class AsyncsandboxProcessNative(AsyncsandboxProcess):
 
 class AsyncsandboxProcessFast(AsyncsandboxProcess):
     options = {"isolation": "native", "fast_path": True}  # noqa: RUF012
+
+
+class AsyncsandboxProcessGVisor(AsyncsandboxProcess):
+    options = {"isolation": "gvisor"}  # noqa: RUF012
+
+    def __init__(self, name: str, config: Config) -> None:
+        if shutil.which("runsc") is None:
+            raise Unavailable("gVisor's runsc is not installed (apt-get install runsc)")
+        if os.geteuid() != 0:
+            raise Unavailable("the gvisor mechanism needs root")
+        super().__init__(name, config)
 
 
 class AsyncsandboxRay(Asyncsandbox):
@@ -820,6 +840,14 @@ SYSTEMS: dict[str, SystemInfo] = {
         "the process backend's fast path: each sandbox's resident executor forks the "
         "command (isolation='native', fast_path=True)",
         AsyncsandboxProcessFast,
+    ),
+    "asyncsandbox-process-gvisor": SystemInfo(
+        "asyncsandbox-process-gvisor",
+        "process",
+        ALL_WORKLOADS,
+        "the process backend's gvisor mechanism: each sandbox a gVisor sandbox (runsc), its "
+        "resident executor inside (isolation='gvisor')",
+        AsyncsandboxProcessGVisor,
     ),
     "asyncsandbox-ray": SystemInfo(
         "asyncsandbox-ray",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import os
 import re
 import shlex
@@ -95,6 +96,7 @@ PYTHON = [b for b in BLOCKS if b.language == "python"]
 RUNNABLE = [b for b in PYTHON if b.runnable]
 BASH = [b for b in BLOCKS if b.language in ("bash", "sh", "shell")]
 TOML = [b for b in BLOCKS if b.language == "toml"]
+JSON = [b for b in BLOCKS if b.language == "json"]
 
 
 def _ids(block: Block) -> str:
@@ -117,7 +119,7 @@ UNCHECKED = ("text", "{toctree}", "{include}")
 
 def test_every_block_says_its_language_and_is_checked() -> None:
     """A block without a language, or in one no test reads, would escape every check."""
-    checked = {"python", "bash", "sh", "shell", "toml", *UNCHECKED}
+    checked = {"python", "bash", "sh", "shell", "toml", "json", *UNCHECKED}
     assert [b.id for b in BLOCKS if b.language not in checked] == []
 
 
@@ -261,6 +263,11 @@ def _check_commands(block: Block) -> None:
 @pytest.mark.parametrize("block", TOML, ids=_ids)
 def test_toml_block_parses(block: Block) -> None:
     tomllib.loads(block.code)
+
+
+@pytest.mark.parametrize("block", JSON, ids=_ids)
+def test_json_block_parses(block: Block) -> None:
+    json.loads(block.code)
 
 
 # -- the code blocks of the docstrings, which the API reference shows ------------------
