@@ -202,6 +202,28 @@ async def test_files_are_the_sandbox_users(root: Path) -> None:
         assert await sb.read_file("/workspace/out.txt") == b"out\n"
 
 
+async def test_snapshots_and_recycling(root: Path) -> None:
+    """A snapshot of a gVisor sandbox starts another; a recycled one is reset (its files
+    and /dev/shm emptied) with its gVisor sandbox kept: the reset spares runsc's whole
+    process tree, which Go forks from any of its threads."""
+    if reason := gvisor_unavailable():
+        pytest.skip(reason)
+    async with session(root) as s:
+        async with s.sandbox() as sb:
+            await sb.exec(["sh", "-c", "echo one > /workspace/a"], check=True)
+            snapshot = await sb.snapshot()
+            await sb.exec(["sh", "-c", "echo two > /workspace/a"], check=True)
+        async with s.sandbox(from_snapshot=snapshot) as sb:
+            assert (await sb.exec(["cat", "/workspace/a"], check=True)).stdout == b"one\n"
+        async with s.sandbox(recyclable=True) as sb:
+            await sb.exec(["sh", "-c", "echo x > /workspace/d; echo y > /dev/shm/e"], check=True)
+            first = sb.id
+        async with s.sandbox(recyclable=True) as sb:
+            left = await sb.exec(["sh", "-c", "cat /workspace/d /dev/shm/e 2>/dev/null || true"])
+            assert sb.id == first
+        assert left.stdout == b""
+
+
 async def test_without_runsc_the_error_names_the_package(
     root: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

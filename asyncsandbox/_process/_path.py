@@ -9,6 +9,7 @@ around it). The backend picks the executor path where the native launcher runs (
 
 from __future__ import annotations
 
+import os
 import time
 from abc import ABCMeta, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -165,10 +166,26 @@ def children(pid: int) -> list[int]:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process under ``pid`` (its children, theirs, ...)."""
-    found, todo = [], children(pid)
+    """Every process under ``pid`` (its children, theirs, ...), whichever thread forked
+    them (runsc, in Go, forks from any of its threads)."""
+    found, todo = [], _all_children(pid)
     while todo:
         child = todo.pop()
         found.append(child)
-        todo += children(child)
+        todo += _all_children(child)
+    return found
+
+
+def _all_children(pid: int) -> list[int]:
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(child) for child in f.read().split()]
+        except (OSError, ValueError):
+            continue
     return found
