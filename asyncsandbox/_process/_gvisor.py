@@ -36,8 +36,9 @@ What this version of gVisor (Debian 12's 20221219) cannot give, and what we do i
 * limits: gVisor's processes are not the host's, so the sandbox's cgroup holds the whole
   gVisor sandbox (runsc, its kernel and file server; as Docker does with runsc):
   ``memory_mb`` bounds the sandbox's memory with its kernel's (tens of MiB), and a sandbox
-  that exceeds it is ended whole (the host kills gVisor's kernel), not one command with
-  137. ``pids`` is not the cgroup's there (on the ptrace platform the kernel's own host
+  that exceeds it is ended whole (the host kills gVisor's kernel): the exec raises
+  :class:`SandboxOOMKilled`, as Docker's does for a container killed for memory, not an
+  exit status of 137. ``pids`` is not the cgroup's there (on the ptrace platform the kernel's own host
   threads count, and twelve concurrent pythons passed 512): gVisor's kernel enforces it,
   as the sandbox user's ``RLIMIT_NPROC`` (all the sandbox's commands run as that one user,
   so it bounds the sandbox's processes and threads, as ``pids.max`` would). ``cpus`` and
@@ -103,6 +104,7 @@ GUARANTEES = (
 class GVisor(Resident):
     name = "gvisor"
     summary = "gVisor (runsc: a user-space kernel per sandbox, the resident executor inside)"
+    oom_ends_sandbox = True
 
     def __init__(self, *, seccomp: bool, executable: str) -> None:
         super().__init__(seccomp=seccomp)

@@ -166,6 +166,9 @@ class Mechanism(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
     isolated: ClassVar[bool] = True
+    oom_ends_sandbox: ClassVar[bool] = False
+    """Whether going over ``memory_mb`` ends the whole sandbox (gVisor: its kernel is in
+    the cgroup) rather than one command, with 137."""
 
     def __init__(self, *, seccomp: bool) -> None:
         self.seccomp = seccomp

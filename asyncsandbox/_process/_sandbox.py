@@ -15,7 +15,13 @@ import anyio
 import anyio.to_thread
 from anyio import TypedAttributeSet, typed_attribute
 
-from .._errors import InfrastructureError, InvalidArgument, SandboxDied, SandboxNotFound
+from .._errors import (
+    InfrastructureError,
+    InvalidArgument,
+    SandboxDied,
+    SandboxNotFound,
+    SandboxOOMKilled,
+)
 from .._models import SandboxInfo
 from .._shellfiles import InteractiveProcess, ShellFiles
 from .._util import single_error
@@ -102,6 +108,14 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         except InfrastructureError as exc:
             if not isinstance(exc, SandboxDied):
                 box.check_alive_after(exc)  # its executor went with the sandbox
+                if (
+                    box.mechanism.oom_ends_sandbox
+                    and box.cgroup is not None
+                    and box.cgroup.oom_kills() > oom_before
+                ):
+                    raise SandboxOOMKilled(
+                        self.id, "out of memory: its memory_mb holds its whole gVisor sandbox"
+                    ) from exc
             raise
         if lifetime.cancelled_caught:
             raise SandboxDied(self.id, "max lifetime exceeded")
