@@ -81,12 +81,12 @@ def test_exec_passes_status_output_and_stdin(process_root: Path) -> None:
 
 def test_ls_rm_and_gc(process_root: Path) -> None:
     script = (
-        "import anyio, asyncsandbox\n"
+        "import os, anyio, asyncsandbox\n"
         "async def main():\n"
         "    async with asyncsandbox.Session(sweep=False) as s:\n"
         "        for tag in ('cli-a', 'cli-a', 'cli-b'):\n"
-        "            sb = await s.sandbox(tags=[tag]).start()\n"
-        "            s._sandboxes.discard(sb)  # leave it behind on purpose\n"
+        "            await s.sandbox(tags=[tag]).start()\n"
+        "        os._exit(0)  # an owner gone without removing them: they are left behind\n"
         "anyio.run(main)\n"
     )
     env = {**os.environ, "ASYNCSANDBOX_PROCESS_ROOT": str(process_root)}
