@@ -12,7 +12,6 @@ weaker end of a plain exec; logged once as ``judge.runner.unavailable``).
 
 from __future__ import annotations
 
-import base64
 import errno
 import functools
 import importlib.util
@@ -161,12 +160,20 @@ async def run_cases(
 @functools.cache
 def _boot() -> tuple[str, ...]:
     """The runner's command line after the interpreter (see :data:`._runner.BOOT`)."""
+    return ("-c", BOOT, importlib.util.MAGIC_NUMBER.hex(), _BARRIER, _RUNNER)
+
+
+@functools.cache
+def _code() -> bytes:
+    """The start of the runner's stdin: the runner and the barrier, compiled here (see
+    :data:`._runner.BOOT`; in its stdin, not its arguments: the interpreter decodes each
+    argument as text, a few milliseconds for these)."""
     codes = (
         compile(_BARRIER, "asyncsandbox/_barrier.py", "exec", dont_inherit=True),
         compile(_RUNNER, "asyncsandbox/_judge/_runner.py", "exec", dont_inherit=True),
     )
-    compiled = base64.b64encode(marshal.dumps(codes)).decode()
-    return ("-c", BOOT, importlib.util.MAGIC_NUMBER.hex(), compiled, _BARRIER, _RUNNER)
+    compiled = marshal.dumps(codes)
+    return b"%d\n" % len(compiled) + compiled
 
 
 class _Malformed(Exception):
@@ -223,6 +230,7 @@ class _Runner:
             header["argv"] = list(self.argv)
         encoded = marshal.dumps(header, 2)  # version 2: read alike by every Python 3
         request = b"".join((
+            _code(),
             b"%d\n" % len(encoded),
             encoded,
             b"" if source is None else source.data,

@@ -77,27 +77,41 @@ else:
     # costs a judgement a few milliseconds of its interpreter's start).
     import _signal as signal
 
-BOOT = """import marshal, sys, types
+BOOT = """import marshal, os, sys, types
+def read_at_least(data, size):
+    while len(data) < size:
+        chunk = os.read(0, 1 << 20)
+        if not chunk:
+            raise SystemExit("the request ended early")
+        data += chunk
+    return data
+data = b""
+while b"\\n" not in data:
+    data = read_at_least(data, len(data) + 1)
+size, _, data = data.partition(b"\\n")
+size = int(size)
+data = read_at_least(data, size)
 magic = getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", b"")
 if sys.argv[1] == magic.hex():
-    import binascii
-    codes = marshal.loads(binascii.a2b_base64(sys.argv[2]))
+    codes = marshal.loads(data[:size])
 else:
     codes = (
-        compile(sys.argv[3], "asyncsandbox/_barrier.py", "exec"),
-        compile(sys.argv[4], "asyncsandbox/_judge/_runner.py", "exec"),
+        compile(sys.argv[2], "asyncsandbox/_barrier.py", "exec"),
+        compile(sys.argv[3], "asyncsandbox/_judge/_runner.py", "exec"),
     )
-del sys.argv[1:5]
+del sys.argv[1:4]
 barrier = types.ModuleType("barrier")
 exec(codes[0], barrier.__dict__)
-runner = {"__name__": "asyncsandbox_judge_runner", "barrier": barrier}
+runner = {"__name__": "asyncsandbox_judge_runner", "barrier": barrier, "PENDING": data[size:]}
 exec(codes[1], runner)
 runner["main"]()
 """
-"""``python3 -c BOOT MAGIC CODE BARRIER_SOURCE RUNNER_SOURCE``: load both, run :func:`main`.
-``CODE`` is both compiled by the host, marshalled and in base64: used where the sandbox's
-Python has the host's bytecode (its ``MAGIC`` number, in hex), which saves the sandbox
-compiling them for each judgement; elsewhere the sources are compiled."""
+"""``python3 -c BOOT MAGIC BARRIER_SOURCE RUNNER_SOURCE``, its stdin starting with
+``LENGTH\\n`` and that many bytes of both compiled by the host and marshalled: loaded
+where the sandbox's Python has the host's bytecode (its ``MAGIC`` number, in hex), which
+saves the sandbox compiling them for each judgement; elsewhere the sources are compiled.
+Then :func:`main` runs, the rest of stdin (what BOOT read of it is ``PENDING``) being the
+request."""
 
 MAX_FD = 1 << 16
 PR_SET_DUMPABLE = 4
@@ -126,7 +140,7 @@ def read_request() -> tuple[dict[str, Any], int]:
     """The request (the program's source written), and a memory file holding every
     case's stdin: kept out of this process's memory, which each fork inherits (and a
     memory limit counts)."""
-    head = b""
+    head: bytes = globals().get("PENDING", b"")  # what BOOT read past the code
     while b"\n" not in head:
         chunk = os.read(0, 1 << 16)
         if not chunk:
@@ -441,6 +455,9 @@ class Runner:
             case.ended = time.monotonic()
             self.kill_rest(case)  # the program has not ended yet: nothing of it writes after
             case.listener.release(notice)
+            # Nothing of the case is left to hold (what was killed exits without asking):
+            # its listener is no longer polled (it would be readable until the reaping).
+            self.listeners.pop(case.listener.fileno(), None)
             return
         # One thread of several: the program goes on. Wait until the thread is gone, so
         # that the next thread's exit sees the true number of threads left.
@@ -460,7 +477,7 @@ class Runner:
                 # It ended with a status of its own without passing the barrier: hidden
                 # from it, it is reported killed as seccomp would have killed it.
                 status = barrier.HIDDEN_EXIT
-            del self.listeners[case.listener.fileno()]
+            self.listeners.pop(case.listener.fileno(), None)
             case.listener.close()
             case.listener = None
         case.status = status
