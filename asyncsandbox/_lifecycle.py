@@ -8,8 +8,7 @@ from __future__ import annotations
 import enum
 import math
 import time
-from collections.abc import Awaitable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
@@ -211,20 +210,37 @@ class Lifecycle:
         with self.watched():
             return await call
 
-    @contextmanager
-    def watched(self) -> Iterator[None]:
+    def watched(self) -> _Watched:
         """Remember this sandbox's death, and any infrastructure failure (a sandbox that
         had one is never recycled), raised by what runs inside."""
-        try:
-            yield
-        except SandboxDied as exc:
+        return _Watched(self)
+
+    def _raised(self, exc: BaseException) -> None:
+        if isinstance(exc, SandboxDied):
             if self._dead is None:
                 self._dead = exc
                 self.log.warning("sandbox.died", reason=exc.reason)
-            raise
-        except InfrastructureError:
+        elif isinstance(exc, InfrastructureError):
             self._failed = True
-            raise
+
+
+class _Watched:
+    """:meth:`Lifecycle.watched`'s context manager (a class: every call passes here, and a
+    generator's context manager costs several times as much)."""
+
+    __slots__ = ("_life",)
+
+    def __init__(self, life: Lifecycle) -> None:
+        self._life = life
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if exc is not None:
+            self._life._raised(exc)
 
 
 class _Stoppable:

@@ -483,19 +483,13 @@ class Runtime:
             except InfrastructureError as exc:
                 await self._before_retry(name, attempt, exc)
 
-    @asynccontextmanager
-    async def slot(self, sandbox_id: str) -> AsyncIterator[None]:
-        """An ``execs`` slot for a command or file transfer in the sandbox ``sandbox_id``.
+    def slot(self, sandbox_id: str) -> _Slot:
+        """An ``execs`` slot for a command or file transfer in the sandbox ``sandbox_id``
+        (an async context manager).
 
         Cancellation: a cancelled wait takes no slot.
         """
-        async with self.execs.slot():
-            self._running[sandbox_id] = self._running.get(sandbox_id, 0) + 1
-            try:
-                yield
-            finally:
-                if sandbox_id in self._running:
-                    self._running[sandbox_id] -= 1
+        return _Slot(self.execs, self._running, sandbox_id)
 
     async def launch(self, name: str, make: Callable[[], Awaitable[T]]) -> T:
         """A command or file operation in a sandbox (under its :meth:`slot`): retried only
@@ -660,3 +654,24 @@ _CAPACITY_CAUSES: Mapping[str, str] = {
         "(Limits.max_lifecycle calls at once)"
     ),
 }
+
+
+class _Slot:
+    """:meth:`Runtime.slot`'s context manager (a class: every command passes here, and a
+    generator's context manager costs several times as much)."""
+
+    __slots__ = ("_execs", "_id", "_running")
+
+    def __init__(self, execs: Limiter, running: dict[str, int], sandbox_id: str) -> None:
+        self._execs = execs
+        self._running = running
+        self._id = sandbox_id
+
+    async def __aenter__(self) -> None:
+        await self._execs.acquire()
+        self._running[self._id] = self._running.get(self._id, 0) + 1
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._id in self._running:
+            self._running[self._id] -= 1
+        self._execs.release()
