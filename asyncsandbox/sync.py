@@ -314,6 +314,14 @@ class SyncSandbox:
         """The backend's description of this sandbox (see :meth:`asyncsandbox.Sandbox.info`)."""
         return self._launch("info", self._sandbox.info)
 
+    def reset(self) -> Handle[None]:
+        """Return the sandbox to the state it was created in, keeping its id (see
+        :meth:`asyncsandbox.Sandbox.reset`).
+
+        Cancellation: the reset is shielded: cancelling the handle does not stop it.
+        """
+        return self._launch("reset", self._sandbox.reset)
+
     def snapshot(self, *, keep: bool = False) -> Handle[Snapshot]:
         """Freeze the sandbox's filesystem state (see :meth:`asyncsandbox.Sandbox.snapshot`);
         start sandboxes from it with ``session.sandbox(from_snapshot=...)``."""

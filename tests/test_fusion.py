@@ -662,7 +662,13 @@ def test_a_client_that_leaves_gets_its_program_killed(server: Server) -> None:
     """The program would run for 100 s: the client's leaving, once it runs, kills it long
     before that, and its sandbox is removed or reset (the next request's, fresh)."""
     marker = f"started-{uuid.uuid4().hex[:8]}"
-    payload = {"code": f"touch {marker}; exec sleep 100", "language": "bash", "run_timeout": 100}
+    # A sleep of its own (its seconds unique): other suites on the machine sleep too.
+    seconds = f"100.{uuid.uuid4().int % 10**8:08d}"
+    payload = {
+        "code": f"touch {marker}; exec sleep {seconds}",
+        "language": "bash",
+        "run_timeout": 200,
+    }
     url = urllib.parse.urlsplit(server.url)
     assert url.hostname is not None
     connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
@@ -676,11 +682,11 @@ def test_a_client_that_leaves_gets_its_program_killed(server: Server) -> None:
     sandbox_id = _wait_until_started(server.root, marker)  # not before: then nothing runs
     assert server.root is not None
     started = next((server.root / sandbox_id).glob(f"fs/**/{marker}"))
-    assert _sleepers() == 1
+    assert _sleepers(seconds) == 1
     assert connection.sock is not None
     connection.sock.shutdown(socket.SHUT_RDWR)
     connection.close()
-    eventually(lambda: _sleepers() == 0 and not started.exists(), within=20)
+    eventually(lambda: _sleepers(seconds) == 0 and not started.exists(), within=20)
 
     def counted() -> bool:  # once the sandbox is released, a moment after its program died
         metrics = requests.get(f"{server.url}/metrics", timeout=60).text
@@ -690,12 +696,12 @@ def test_a_client_that_leaves_gets_its_program_killed(server: Server) -> None:
     eventually(counted, within=20, what="the kill counted")
 
 
-def _sleepers() -> int:
-    """Processes on this machine running ``sleep 100`` (the test's program)."""
+def _sleepers(seconds: str) -> int:
+    """Processes on this machine running ``sleep SECONDS`` (the test's program)."""
     count = 0
     for proc in Path("/proc").iterdir():
         try:
-            count += (proc / "cmdline").read_bytes() == b"sleep\x00100\x00"
+            count += (proc / "cmdline").read_bytes() == f"sleep\x00{seconds}\x00".encode()
         except OSError:
             continue
     return count

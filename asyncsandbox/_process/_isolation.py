@@ -131,6 +131,9 @@ _TRANSIENT = (
     "Stale file handle",
     "No space left on device",
     "Too many open files",
+    # runsc, when the gVisor sandbox could not be made: it says no more of why (a file of
+    # the sandbox's view missing, the machine short of something); the command never ran.
+    "cannot create sandbox",
 )
 
 

@@ -150,10 +150,11 @@ async def test_a_sandbox_that_cannot_be_set_up_raises_launch_error(mechanism: st
                 await sb.exec(["touch", "ran"])
             await aside.rename(etc)
             assert caught.value.retryable
-            assert str(etc) in str(caught.value)  # the launcher's own words
+            if mechanism != "gvisor":  # runsc says only that the gVisor sandbox failed
+                assert str(etc) in str(caught.value)  # the launcher's own words
             assert [e["event"] for e in logs].count("backend.retry") == 1  # 2 attempts
             assert s.metrics()["asyncsandbox/exec_infrastructure_errors"] == 1
-            assert (await sb.exec(["ls", "ran"])).returncode != 0  # it never ran
+            assert (await sb.exec(["test", "-e", "ran"])).returncode != 0  # it never ran
             assert (await sb.exec(["true"])).returncode == 0
     finally:
         shutil.rmtree(root, ignore_errors=True)
