@@ -541,7 +541,14 @@ async def test_fast_path_commands_live_in_namespaces_of_their_own(process_root: 
         assert sb.extra(ProcessAttributes.fast_path)
         async with anyio.create_task_group() as tg:
             tg.start_soon(sb.exec, ["sh", "-c", f"echo shared > /tmp/f; exec sleep {marker}"])
-            await eventually_async(lambda: processes_with(marker), what="the first command runs")
+            # The sleep itself, not its shell (whose command line holds the marker too, before
+            # it wrote the file).
+            await eventually_async(
+                lambda: any(
+                    p.split(": ", 1)[1].startswith("sleep ") for p in processes_with(marker)
+                ),
+                what="the first command runs",
+            )
             shared = await sb.exec(["cat", "/tmp/f"])
             # A daemon that keeps forking: all of it is gone before the exec returns. The
             # exec returns once the daemon has forked (it says so in a file).
