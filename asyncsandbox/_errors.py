@@ -17,6 +17,7 @@ failures instead of turning them into reward 0::
     └── InfrastructureError ................. not the command's fault (mask it); ``retryable``
         ├── CapacityTimeout (TimeoutError) .. waited longer than ``Limits.capacity_timeout``
         ├── BackendUnavailable .............. the backend (daemon, server) cannot be reached
+        │   └── RequestNotSent .............. the call never reached it: retried, whatever it was
         ├── BackendTimeout (TimeoutError) ... an infrastructure call exceeded its ``Timeouts`` deadline
         ├── LaunchError ..................... the command could not be set up; it never ran
         └── SandboxDied ..................... the sandbox is gone (crashed, killed, expired, lost)
@@ -55,6 +56,7 @@ __all__ = (
     "InfrastructureError",
     "CapacityTimeout",
     "BackendUnavailable",
+    "RequestNotSent",
     "BackendTimeout",
     "LaunchError",
     "SandboxDied",
@@ -154,7 +156,8 @@ class InfrastructureError(SandboxError):
     """The infrastructure failed, not the command. Mask these instead of scoring them.
 
     ``retryable`` is true when repeating the same call may succeed and the failed call
-    left nothing behind; the runtime retries such errors for lifecycle calls.
+    left nothing behind; the runtime retries such errors for lifecycle calls (and
+    :class:`RequestNotSent` for every call).
     """
 
     retryable: bool = False
@@ -178,6 +181,19 @@ class BackendUnavailable(InfrastructureError):
     """The backend (a daemon, a server) cannot be reached or refuses service."""
 
     retryable = True
+
+
+class RequestNotSent(BackendUnavailable):
+    """The call never reached the backend (say, its connection could not be established):
+    nothing of it was done, and nothing of its input (an archive's stream) was consumed.
+    Always ``retryable``, whatever the call was: the runtime tries every call that fails
+    with it again, a command or a snapshot included, following
+    :class:`~asyncsandbox.RetryPolicy`. Backends raise it only when they know the request
+    never left; a call that may have been received is never this error.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=True)
 
 
 class BackendTimeout(InfrastructureError, TimeoutError):

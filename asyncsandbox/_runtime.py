@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, Self, TypeVar
@@ -33,6 +32,7 @@ from ._errors import (
     InfrastructureError,
     InvalidArgument,
     LaunchError,
+    RequestNotSent,
     SandboxClosed,
     SandboxError,
 )
@@ -42,6 +42,7 @@ from ._limits import Limiter
 from ._metrics import COMMAND_NOT_FOUND, Metrics
 from ._models import ExecResult
 from ._registry import create_backend
+from ._retry import Retrier
 from ._util import current_async_library
 from .abc import Backend, CodeInterpreter, SandboxHandle, SandboxSpec
 
@@ -80,6 +81,7 @@ class Runtime:
         self.limits = limits
         self.timeouts = timeouts
         self.retries = retries
+        self._retry = Retrier(retries, log)
         self.metrics = metrics
         self.log = log
         self.state = RuntimeState.NEW
@@ -126,7 +128,12 @@ class Runtime:
                 f"backend that supports {library} such as 'process' or 'remote'"
             )
         self._backend.use_timeouts(self.timeouts)
-        await self._stack.enter_async_context(self._backend)
+        # A backend whose first request never left (RequestNotSent) was left as it was
+        # (that is what the error says): it may be entered again.
+        backend = self._backend
+        await self._retry.run(
+            "open", lambda: self._stack.enter_async_context(backend), RequestNotSent
+        )
         # Exited before the backend (LIFO): what serves a sandbox (a code interpreter's
         # runner) goes before the backend that runs it.
         self._services = await self._stack.enter_async_context(anyio.create_task_group())
@@ -340,7 +347,9 @@ class Runtime:
         target = self.code_interpreter(handle, config)
         async with self.slot(handle.id):
             try:
-                execution = await self.translate(target.run_code(request, on_event=on_event))
+                execution = await self.once(
+                    "run_code", lambda: target.run_code(request, on_event=on_event)
+                )
             except SandboxError as exc:
                 self._code_finished(handle.id, None, exc)
                 raise
@@ -360,7 +369,8 @@ class Runtime:
         call: Callable[[CodeInterpreter], Awaitable[T]],
     ) -> T:
         """A context operation (create, list, restart, remove), its errors translated."""
-        return await self.translate(call(self.code_interpreter(handle, config)))
+        target = self.code_interpreter(handle, config)
+        return await self.once("code_context", lambda: call(target))
 
     async def drop_interpreter(self, handle: SandboxHandle) -> None:
         """Stop the sandbox's interpreter, if it has one: its contexts end with the episode
@@ -401,8 +411,9 @@ class Runtime:
     async def snapshot(self, handle: SandboxHandle, *, keep: bool) -> str:
         """Snapshot a sandbox; unless ``keep``, the snapshot goes with the session.
 
-        Not retried (each attempt would make another snapshot); bounded by
-        ``Timeouts.create``. Cancellation: the backend leaves nothing.
+        Retried only when the request never reached the backend (each attempt it received
+        would make another snapshot); bounded by ``Timeouts.create``, retries included.
+        Cancellation: the backend leaves nothing.
         """
         self.check_capability("snapshots")
         started = anyio.current_time()
@@ -414,7 +425,7 @@ class Runtime:
             else _owner.runtime_labels(session_id=self.session_id, tags=(), max_lifetime=None)
         )
         with anyio.move_on_after(_deadline(self.timeouts.create)) as scope:
-            snapshot_id = await self.translate(handle.snapshot(labels=labels))
+            snapshot_id = await self.once("snapshot", lambda: handle.snapshot(labels=labels))
         if scope.cancelled_caught:
             raise BackendTimeout("snapshot", self.timeouts.create or 0)
         if not keep:
@@ -449,15 +460,16 @@ class Runtime:
         return True
 
     async def reset_once(self, handle: SandboxHandle) -> None:
-        """Reset a sandbox (bounded by ``Timeouts.remove``, not retried), counted in the
-        metrics; raise what the reset raised (:class:`BackendTimeout` past its deadline).
+        """Reset a sandbox (bounded by ``Timeouts.remove``, retried only when the request
+        never reached the backend), counted in the metrics; raise what the reset raised
+        (:class:`BackendTimeout` past its deadline).
 
         Cancellation: call it shielded.
         """
         started = anyio.current_time()
         try:
             with anyio.fail_after(_deadline(self.timeouts.remove)):
-                await self.translate(handle.reset())
+                await self.once("reset", handle.reset)
         except Exception as exc:
             self.metrics.reset_failures += 1
             self.log.warning("sandbox.reset.failed", sandbox_id=handle.id, error=repr(exc))
@@ -471,17 +483,22 @@ class Runtime:
     async def call(
         self, name: str, make: Callable[[], Awaitable[T]], *, timeout: float | None
     ) -> T:
-        """An idempotent infrastructure call, with its deadline and retries."""
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                with anyio.move_on_after(timeout if timeout is not None else float("inf")):
-                    return await self.translate(make())
-                assert timeout is not None
-                raise BackendTimeout(name, timeout)
-            except InfrastructureError as exc:
-                await self._before_retry(name, attempt, exc)
+        """An idempotent infrastructure call, with its deadline (each attempt's) and
+        retries of every ``retryable`` error."""
+
+        async def attempt() -> T:
+            with anyio.move_on_after(timeout if timeout is not None else float("inf")):
+                return await self.translate(make())
+            assert timeout is not None
+            raise BackendTimeout(name, timeout)
+
+        return await self._retry.run(name, attempt, InfrastructureError)
+
+    async def once(self, name: str, make: Callable[[], Awaitable[T]]) -> T:
+        """A call that must not be repeated once the backend received it (a snapshot, a
+        judgement, code run): retried only when it never reached the backend
+        (:class:`RequestNotSent`)."""
+        return await self._retry.run(name, lambda: self.translate(make()), RequestNotSent)
 
     def slot(self, sandbox_id: str) -> _Slot:
         """An ``execs`` slot for a command or file transfer in the sandbox ``sandbox_id``
@@ -493,22 +510,23 @@ class Runtime:
 
     async def launch(self, name: str, make: Callable[[], Awaitable[T]]) -> T:
         """A command or file operation in a sandbox (under its :meth:`slot`): retried only
-        when the backend could not launch it (:class:`LaunchError`: it never ran, so
-        running it again is safe)."""
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await self.translate(make())
-            except LaunchError as exc:
-                await self._before_retry(name, attempt, exc)
+        when it never ran: the backend could not launch it (:class:`LaunchError`), or the
+        request never reached the backend (:class:`RequestNotSent`)."""
+        return await self._retry.run(name, lambda: self.translate(make()), _NEVER_RAN)
 
     @asynccontextmanager
     async def stream(
-        self, context: AbstractAsyncContextManager[AsyncIterator[bytes]]
+        self, name: str, make: Callable[[], AbstractAsyncContextManager[AsyncIterator[bytes]]]
     ) -> AsyncIterator[AsyncIterator[bytes]]:
-        """A backend's chunk stream (an archive), its errors translated like any call's."""
-        chunks = await self.translate(context.__aenter__())
+        """A backend's chunk stream (an archive), its errors translated like any call's;
+        opening it is retried when the request never reached the backend
+        (:class:`RequestNotSent`)."""
+
+        async def enter() -> tuple[AbstractAsyncContextManager[Any], AsyncIterator[bytes]]:
+            context = make()
+            return context, await self.translate(context.__aenter__())
+
+        context, chunks = await self._retry.run(name, enter, RequestNotSent)
         try:
             yield _Translated(self, chunks)
         except BaseException as exc:
@@ -526,18 +544,6 @@ class Runtime:
         except Exception as exc:
             self.log.error("backend.unexpected_error", error=repr(exc))
             raise InfrastructureError(f"the {self.name} backend failed: {exc!r}") from exc
-
-    async def _before_retry(self, name: str, attempt: int, exc: InfrastructureError) -> None:
-        """Re-raise ``exc`` unless the retry policy allows another attempt; then back off."""
-        if not exc.retryable or attempt >= self.retries.attempts:
-            raise exc
-        delay = random.uniform(
-            0, min(self.retries.max_backoff, self.retries.backoff * 2 ** (attempt - 1))
-        )
-        self.log.warning(
-            "backend.retry", operation=name, attempt=attempt, delay=round(delay, 3), error=str(exc)
-        )
-        await anyio.sleep(delay)
 
     # -- accounting ----------------------------------------------------------------------
 
@@ -600,6 +606,10 @@ class Runtime:
                 f"{'' if timeout is None else f' (giving up after {timeout:g}s)'}; {cause}"
             ),
         )
+
+
+_NEVER_RAN = (LaunchError, RequestNotSent)
+"""What says that a command or file operation never ran: running it again is safe."""
 
 
 def _deadline(seconds: float | None) -> float:

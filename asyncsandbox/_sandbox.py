@@ -611,7 +611,9 @@ class Sandbox:
             raise InvalidArgument(f"archive must be an async iterable of bytes, got {archive!r}")
         handle = await self._life.live_handle()
         async with self._runtime.slot(handle.id):
-            await self._life.guard(self._runtime.translate(handle.put_archive(target, archive)))
+            await self._life.guard(
+                self._runtime.once("put_archive", lambda: handle.put_archive(target, archive))
+            )
 
     @asynccontextmanager
     async def get_archive(self, path: str) -> AsyncIterator[AsyncIterator[bytes]]:
@@ -632,7 +634,7 @@ class Sandbox:
         with self._life.watched():
             async with (
                 self._runtime.slot(handle.id),
-                self._runtime.stream(handle.get_archive(source)) as chunks,
+                self._runtime.stream("get_archive", lambda: handle.get_archive(source)) as chunks,
             ):
                 yield chunks
 

@@ -401,7 +401,8 @@ class Session:
             # takes as long as its cases; errors translated like any backend call).
             spec = self._runtime.spec(self.defaults.merged(dict(overrides)))
             request = msgspec.structs.replace(request, sandbox=spec)
-            return await judge_remotely(request, self._runtime.translate(backend.judge(request)))
+            judged = self._runtime.once("judge", lambda: backend.judge(request))
+            return await judge_remotely(request, judged)
         return await judge_fresh(request, lambda: self.sandbox(**{"recyclable": True, **overrides}))
 
     def submit(self, awaitable: Awaitable[T], *, name: str | None = None) -> Operation[T]:

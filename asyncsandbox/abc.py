@@ -13,7 +13,12 @@ Promises that hold for every method:
 * Raise only :mod:`asyncsandbox` errors. Translate your library's exceptions at the
   boundary (``raise BackendUnavailable(...) from exc``); mark an
   :class:`~asyncsandbox.InfrastructureError` ``retryable`` only when the call left nothing
-  behind and repeating it may succeed.
+  behind and repeating it may succeed. A call whose request never reached the backend
+  (its connection could not be established) raises :class:`~asyncsandbox.RequestNotSent`:
+  the runtime retries any call on it, a command included, so raise it only when nothing
+  was sent nor consumed; a :meth:`Backend.__aenter__` that raises it must leave the
+  backend as it was, to be entered again. Retry nothing yourself: the runtime's
+  :class:`~asyncsandbox.RetryPolicy` is the one place for it.
 * Never block the event loop, and work on every async library you declare in
   :attr:`BackendCapabilities.async_libraries` (use anyio).
 * Cancellation: when a call is cancelled, undo what it started before letting the

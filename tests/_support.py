@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx
 import pytest
 
@@ -408,6 +409,93 @@ class Server:
         from asyncsandbox_remote import RemoteBackend
 
         return functools.partial(RemoteBackend, self.url, key, **options)
+
+
+class TcpProxy:
+    """A TCP proxy on loopback in front of a server's port, that breaks the client's
+    connections on demand: real faults on the client's path, the server untouched.
+
+    * :meth:`drop`: the next ``n`` connections are closed as soon as they are accepted.
+      In front of a TLS server their handshake fails, so their request is never sent
+      (httpx raises ``ConnectError``).
+    * :meth:`cut`: close every connection open now (idle pooled ones, and requests in
+      flight, which reached the server and lose their answers).
+    """
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = 0
+        self.connections = 0
+        """Connections accepted so far."""
+        self.dropped = 0
+        """Connections closed by :meth:`drop`."""
+        self._drop = 0
+        self._live: dict[anyio.CancelScope, anyio.Event] = {}
+
+    def url(self, scheme: str = "https") -> str:
+        return f"{scheme}://127.0.0.1:{self.port}"
+
+    def drop(self, n: int) -> None:
+        """Drop the next ``n`` connections (0: none); what was dropped so far stays counted."""
+        self._drop = n
+
+    async def cut(self) -> None:
+        """Close every connection open now, and return once they are closed."""
+        closed = list(self._live.values())
+        for scope in list(self._live):
+            scope.cancel()
+        for event in closed:
+            await event.wait()
+
+    async def _pipe(
+        self, source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream, tg: anyio.abc.TaskGroup
+    ) -> None:
+        try:
+            async for data in source:
+                await sink.send(data)
+            await sink.send_eof()  # a half-close, passed on
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            tg.cancel_scope.cancel()  # one side broke: so does the other
+
+    async def _handle(self, client: anyio.abc.SocketStream) -> None:
+        self.connections += 1
+        scope, closed = anyio.CancelScope(), anyio.Event()
+        self._live[scope] = closed
+        try:
+            async with client:
+                if self._drop > 0:
+                    self._drop -= 1
+                    self.dropped += 1
+                    return
+                with scope:
+                    upstream = await anyio.connect_tcp("127.0.0.1", self.upstream_port)
+                    async with upstream, anyio.create_task_group() as tg:
+                        tg.start_soon(self._pipe, client, upstream, tg)
+                        tg.start_soon(self._pipe, upstream, client, tg)
+        finally:
+            del self._live[scope]
+            closed.set()
+
+    async def serve(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with listener:
+            task_status.started()
+            await listener.serve(self._handle)
+
+
+@asynccontextmanager
+async def tcp_proxy(upstream_port: int) -> AsyncIterator[TcpProxy]:
+    """A :class:`TcpProxy` serving for the duration of the block."""
+    proxy = TcpProxy(upstream_port)
+    async with anyio.create_task_group() as tg:
+        await tg.start(proxy.serve)
+        try:
+            yield proxy
+        finally:
+            tg.cancel_scope.cancel()
 
 
 # -- recycling: what an episode leaves, and what a fresh sandbox looks like ----------------------

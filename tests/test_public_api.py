@@ -161,6 +161,7 @@ def test_error_tree() -> None:
         e.SandboxDied,
         e.SandboxOOMKilled,
         e.BackendUnavailable,
+        e.RequestNotSent,
         e.BackendTimeout,
         e.CapacityTimeout,
         e.LaunchError,

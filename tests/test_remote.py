@@ -22,11 +22,11 @@ import sys
 import tarfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -42,6 +42,7 @@ from asyncsandbox import (
     ExecTimeout,
     InvalidArgument,
     LaunchError,
+    RequestNotSent,
     RetryPolicy,
     Sandbox,
     SandboxDied,
@@ -57,6 +58,7 @@ from ._support import (
     ALICE,
     BOB,
     Server,
+    TcpProxy,
     a_recycled_sandbox_is_fresh,
     docker_pids_squeezed,
     docker_test_image,
@@ -68,10 +70,13 @@ from ._support import (
     process_launcher_broken,
     processes_with,
     require_docker,
+    tcp_proxy,
     unique_marker,
 )
 
 REPO = Path(__file__).resolve().parent.parent
+NO_RETRIES = RetryPolicy(attempts=1)
+T = TypeVar("T")
 
 
 # -- servers ------------------------------------------------------------------------------
@@ -229,9 +234,12 @@ def test_backend_needs_url_and_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_unreachable_server_is_backend_unavailable() -> None:
-    with pytest.raises(BackendUnavailable, match="cannot reach") as info:
-        async with Session(RemoteBackend("http://127.0.0.1:9", ALICE, attempts=2), sweep=False):
+    retries = RetryPolicy(attempts=2, backoff=0.001)
+    backend = RemoteBackend("http://127.0.0.1:9", ALICE)
+    with pytest.raises(RequestNotSent, match="cannot reach") as info:
+        async with Session(backend, retries=retries, sweep=False):
             pass
+    assert isinstance(info.value, BackendUnavailable)
     assert info.value.retryable
     assert not (info.value.__cause__ is None)  # chained, never an httpx error
 
@@ -374,10 +382,11 @@ async def test_the_server_kills_a_command_at_its_timeout(
         assert "asyncsandbox_remote_disconnect_kills_total 0" in client.get("/metrics").text
 
 
-async def test_tls(make_server: Callable[..., Server], tmp_path: Path) -> None:
+async def _tls_server(make_server: Callable[..., Server], directory: Path) -> tuple[Server, Path]:
+    """A server on TLS (a self-signed certificate for 127.0.0.1), and its certificate."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert, key = directory / "cert.pem", directory / "key.pem"
     await anyio.run_process(
         [
             *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
@@ -387,10 +396,19 @@ async def test_tls(make_server: Callable[..., Server], tmp_path: Path) -> None:
     )
     server = make_server("--tls-cert", str(cert), "--tls-key", str(key))
     assert server.url.startswith("https://")
+    return server, cert
+
+
+def _port(server: Server) -> int:
+    return int(server.url.rsplit(":", 1)[1].rstrip("/"))
+
+
+async def test_tls(make_server: Callable[..., Server], tmp_path: Path) -> None:
+    server, cert = await _tls_server(make_server, tmp_path)
     async with Session(RemoteBackend(server.url, ALICE, verify=str(cert)), sweep=False) as s:
         assert (await s.run(["echo", "over tls"])).stdout == b"over tls\n"
     with pytest.raises(BackendUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
-        async with Session(RemoteBackend(server.url, ALICE, attempts=1), sweep=False):
+        async with Session(RemoteBackend(server.url, ALICE), retries=NO_RETRIES, sweep=False):
             pass
 
 
@@ -402,19 +420,9 @@ async def test_a_snapshot_deletion_is_retried_by_the_session_alone(
     multiply (4 x 4 with the defaults). The server goes, and a listener on its port
     accepts each connection and closes it: the TLS handshake fails, a connection error
     that nothing was sent on, which both layers would retry. It counts the tries."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    await anyio.run_process(
-        [
-            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
-            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"),
-            *("-addext", "subjectAltName=IP:127.0.0.1"),
-        ]
-    )
-    server = make_server("--tls-cert", str(cert), "--tls-key", str(key))
-    port = int(server.url.rsplit(":", 1)[1].rstrip("/"))
-    backend = RemoteBackend(server.url, ALICE, verify=str(cert), attempts=4, backoff=0.001)
+    server, cert = await _tls_server(make_server, tmp_path)
+    port = _port(server)
+    backend = RemoteBackend(server.url, ALICE, verify=str(cert))
     retries = RetryPolicy(attempts=2, backoff=0.001)
     tries = 0
     async with Session(backend, retries=retries, sweep=False) as s:
@@ -432,6 +440,132 @@ async def test_a_snapshot_deletion_is_retried_by_the_session_alone(
                 await s.delete_snapshot("gone-with-the-server")
             tg.cancel_scope.cancel()
     assert tries == retries.attempts
+
+
+# -- retries: the Session's RetryPolicy alone, over a link that drops connections ----------
+#
+# A TcpProxy in front of a TLS server: a connection it drops at once fails its TLS
+# handshake, so its request was never sent (RequestNotSent); one it cuts later carried a
+# request that reached the server. The lease keeper renews every 1,000 s here: it opens
+# no connection of its own during a test.
+
+LONG_LEASE = 3000.0
+
+
+@asynccontextmanager
+async def _behind_a_proxy(
+    make_server: Callable[..., Server],
+    directory: Path,
+    retries: RetryPolicy,
+    *,
+    dropped_at_open: int = 0,
+) -> AsyncIterator[tuple[Sandbox, TcpProxy]]:
+    """A sandbox of a Session whose connections pass through a proxy, which drops the
+    first ``dropped_at_open`` ones."""
+    server, cert = await _tls_server(make_server, directory)
+    async with tcp_proxy(_port(server)) as proxy:
+        proxy.drop(dropped_at_open)
+        backend = RemoteBackend(proxy.url(), ALICE, verify=str(cert), lease_seconds=LONG_LEASE)
+        async with Session(backend, retries=retries, sweep=False) as s, s.sandbox() as sb:
+            yield sb, proxy
+
+
+async def _dropping(proxy: TcpProxy, n: int, call: Awaitable[T]) -> T:
+    """``call``'s outcome, its first ``n`` connections dropped (pooled ones closed first,
+    so that it needs a new one); asserts that it used all ``n``."""
+    await proxy.cut()
+    dropped = proxy.dropped
+    proxy.drop(n)
+    try:
+        return await call
+    finally:
+        assert proxy.dropped - dropped == n
+
+
+async def _packed(sb: Sandbox) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        member = tarfile.TarInfo("packed.txt")
+        member.size = 6
+        tar.addfile(member, io.BytesIO(b"packed"))
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield buffer.getvalue()
+
+    await sb.put_archive(".", chunks())
+
+
+async def _unpacked(sb: Sandbox, name: str) -> bytes:
+    async with sb.get_archive(name) as chunks:
+        archive = b"".join([chunk async for chunk in chunks])
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        member = tar.extractfile(name)
+        assert member is not None
+        return member.read()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_call_that_never_left_is_retried_by_the_session(
+    make_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Every call whose request never reached the server (RequestNotSent) is tried again
+    by the Session, under its RetryPolicy: opening the backend, a command, a file written
+    and read, an archive both ways, code run: each succeeds after two dropped connections
+    with 3 attempts. (The client used to retry these itself, with its own ``attempts``
+    and ``backoff`` options; the Session retried none of them.)"""
+    retries = RetryPolicy(attempts=3, backoff=0.001)
+    async with _behind_a_proxy(make_server, tmp_path, retries, dropped_at_open=2) as (sb, proxy):
+        assert proxy.dropped == 2  # opening the backend: GET /v1/info
+        assert (await _dropping(proxy, 2, sb.exec(["echo", "ran"]))).stdout == b"ran\n"
+        await _dropping(proxy, 2, sb.write_file("f.txt", b"written"))
+        assert await _dropping(proxy, 2, sb.read_file("f.txt")) == b"written"
+        await _dropping(proxy, 2, _packed(sb))
+        assert await _dropping(proxy, 2, _unpacked(sb, "packed.txt")) == b"packed"
+        assert (await _dropping(proxy, 2, sb.run_code("6 * 7"))).text == "42"
+
+
+async def test_retries_of_a_call_that_never_left_stop_at_the_policys_attempts(
+    make_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """The link drops every connection: a command, then a file read, is tried exactly as
+    many times as the RetryPolicy says (one connection each, and no kill sent for a
+    command that never left), and fails with RequestNotSent (retryable). The client used
+    to try each 4 times itself (its ``attempts``), and 4 more to cancel the command."""
+    retries = RetryPolicy(attempts=3, backoff=0.001)
+    async with _behind_a_proxy(make_server, tmp_path, retries) as (sb, proxy):
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: sb.exec(["echo", "never"]),
+            lambda: sb.read_file("nothing"),
+        ]
+        for call in calls:
+            with pytest.raises(RequestNotSent, match="cannot reach") as info:
+                await _dropping(proxy, retries.attempts, call())
+            assert info.value.retryable
+            assert proxy.connections == proxy.dropped + 1  # + the one that opened
+            proxy.drop(0)
+        assert (await sb.exec(["echo", "back"])).stdout == b"back\n"
+
+
+async def test_a_request_that_was_sent_is_never_retried(
+    make_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """A command reached the server and ran; then its connection is cut. The RetryPolicy
+    allows 3 attempts, but a command that may have run is never sent again: it ran once
+    (it appends a line to a file as it starts), and the error is BackendUnavailable, not
+    RequestNotSent, and not retryable."""
+    retries = RetryPolicy(attempts=3, backoff=0.001)
+    async with _behind_a_proxy(make_server, tmp_path, retries) as (sb, proxy):
+        script = "echo ran >> runs.txt; echo started; exec sleep 600"
+        async with sb.exec_stream(["sh", "-c", script]) as run:
+            async for chunk in run:
+                assert chunk.data == b"started\n"
+                break
+            await proxy.cut()
+            with pytest.raises(BackendUnavailable) as info:
+                await run.wait()
+        assert not isinstance(info.value, RequestNotSent)
+        assert not info.value.retryable
+        assert await sb.read_file("runs.txt") == b"ran\n"
 
 
 # -- auth and tenancy ---------------------------------------------------------------------

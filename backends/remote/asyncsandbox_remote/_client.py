@@ -27,6 +27,7 @@ from asyncsandbox import (
     BackendUnavailable,
     InfrastructureError,
     InvalidArgument,
+    RequestNotSent,
     SandboxError,
     SandboxInfo,
 )
@@ -43,7 +44,6 @@ from ._transport import (
     decode,
     sandbox_path,
     snapshot_path,
-    unsent,
 )
 
 __all__ = ("RemoteAttributes", "RemoteBackend")
@@ -63,18 +63,17 @@ class RemoteBackend(Backend):
     :param timeout: seconds any single read or write on the connection may take (the
         server pings silent commands, so long commands are fine).
     :param connect_timeout: seconds to establish a connection.
-    :param attempts: tries of a request whose connection could not be established
-        (nothing was sent), with jittered exponential backoff from ``backoff`` seconds,
-        for the calls the Session does not retry itself: commands, files, archives and
-        this backend's own calls. Lifecycle calls (create, remove, ...) are retried by the
-        Session's :class:`~asyncsandbox.RetryPolicy` alone, and a request that was sent
-        is never repeated by the backend (see the module docstring). A create carries an
-        idempotency key: when its answer is lost, it is undone before it is retried.
     :param lease_seconds: lease asked for each sandbox (default: the server's). The
         backend renews the leases of its sandboxes in the background; when this process
         vanishes, the server removes them once the lease expires.
     :param verify: TLS verification: True, False, a CA bundle path or an ``SSLContext``.
     :param max_connections: size of the connection pool (each running command holds one).
+
+    Each request is sent once; the Session's :class:`~asyncsandbox.RetryPolicy` retries
+    (see the module docstring of ``_transport``): every call whose connection could not be
+    established (:class:`~asyncsandbox.RequestNotSent`: nothing was sent), and the
+    lifecycle calls on ``retryable`` errors. A create carries an idempotency key: when its
+    answer is lost, it is undone before it is retried.
 
     Works on asyncio and trio. Errors are asyncsandbox errors: a refused key is
     :class:`~asyncsandbox.BackendUnavailable` (not retryable) saying so, quotas answer
@@ -92,8 +91,6 @@ class RemoteBackend(Backend):
         *,
         timeout: float = 60.0,
         connect_timeout: float = 10.0,
-        attempts: int = 4,
-        backoff: float = 0.2,
         lease_seconds: float | None = None,
         verify: bool | str | ssl.SSLContext = True,
         max_connections: int = 512,
@@ -112,8 +109,6 @@ class RemoteBackend(Backend):
         for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
             if not 0 < value < float("inf"):
                 raise InvalidArgument(f"{name} must be a positive number of seconds")
-        if attempts < 1:
-            raise InvalidArgument("attempts must be an integer >= 1")
         if lease_seconds is not None and not 0 < lease_seconds < float("inf"):
             raise InvalidArgument("lease_seconds must be a positive number of seconds or None")
         self.base_url = url.rstrip("/")
@@ -121,8 +116,6 @@ class RemoteBackend(Backend):
         self._options: dict[str, Any] = {
             "timeout": float(timeout),
             "connect_timeout": float(connect_timeout),
-            "attempts": attempts,
-            "backoff": backoff,
             "max_connections": max_connections,
             "verify": verify,
         }
@@ -162,7 +155,7 @@ class RemoteBackend(Backend):
         self._api = Api(self.base_url, self._key, cleanup=self.timeouts.cleanup, **self._options)
         task_group = anyio.create_task_group()
         try:
-            response = await self._api.call("GET", "/v1/info", what="info", reconnect=True)
+            response = await self._api.call("GET", "/v1/info", what="info")
             try:
                 info = w.INFO.decode(response.content)
             except msgspec.DecodeError as exc:
@@ -184,6 +177,12 @@ class RemoteBackend(Backend):
             )
             # Exited in aclose(), which the Session calls from this same task.
             await task_group.__aenter__()
+        except RequestNotSent:
+            # The server never saw us: left as new, to be opened again (the Session
+            # retries opening under its RetryPolicy).
+            api, self._api = self._api, None
+            await api.aclose()
+            raise
         except BaseException:
             self._closed = True
             await self._api.aclose()
@@ -216,7 +215,6 @@ class RemoteBackend(Backend):
                     "POST",
                     "/v1/leases",
                     what="renew leases",
-                    reconnect=True,
                     content=w.RENEWAL.encode(w.LeaseRenewal(ids=ids)),
                     headers=JSON_HEADERS,
                 )
@@ -231,7 +229,6 @@ class RemoteBackend(Backend):
             "DELETE",
             snapshot_path(snapshot_id),
             what="delete snapshot",
-            reconnect=False,  # the Session retries it (RetryPolicy): once per attempt here
         )
 
     def _handle(self, description: w.SandboxDescription) -> RemoteSandbox:
@@ -265,7 +262,6 @@ class RemoteBackend(Backend):
             "POST",
             "/v1/judge",
             what="judge",
-            reconnect=False,  # not idempotent: a lost answer is an infrastructure error
             content=w.JUDGE.encode(request),
             headers=JSON_HEADERS,
             read_timeout=budget,
@@ -284,13 +280,12 @@ class RemoteBackend(Backend):
                 "POST",
                 "/v1/sandboxes",
                 what="create",
-                reconnect=False,  # the Session retries creates (RetryPolicy)
                 content=w.CREATE.encode(body),
                 headers={**JSON_HEADERS, "idempotency-key": key},
             )
+        except RequestNotSent:
+            raise  # the server never saw this create: nothing to undo (retryable)
         except BackendUnavailable as exc:
-            if unsent(exc):
-                raise  # the server never saw this create: nothing to undo (retryable)
             # Sent, and its answer lost: undo whatever it did. Once that is confirmed the
             # create left nothing behind, and the Session may try again.
             exc.retryable = await self._abandon(key)
@@ -314,9 +309,7 @@ class RemoteBackend(Backend):
         server confirmed that nothing of it is left."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.api.cleanup):
             try:
-                await self.api.call(
-                    "DELETE", f"/v1/creates/{key}", what="abandon create", reconnect=True
-                )
+                await self.api.call("DELETE", f"/v1/creates/{key}", what="abandon create")
             except SandboxError as exc:
                 log.warning("remote.create.abandon_failed", error=str(exc))
             else:
@@ -325,13 +318,11 @@ class RemoteBackend(Backend):
 
     async def attach(self, sandbox_id: str) -> SandboxHandle:
         response = await self.api.call(
-            "GET", sandbox_path(sandbox_id), what="attach", reconnect=False, sandbox_id=sandbox_id
+            "GET", sandbox_path(sandbox_id), what="attach", sandbox_id=sandbox_id
         )
         return self._handle(decode(w.DESCRIPTION, response))
 
     async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
         params = [("label", f"{key}={value}") for key, value in labels.items()]
-        response = await self.api.call(
-            "GET", "/v1/sandboxes", what="list", reconnect=False, params=params
-        )
+        response = await self.api.call("GET", "/v1/sandboxes", what="list", params=params)
         return [info(item) for item in decode(w.LIST, response).items]

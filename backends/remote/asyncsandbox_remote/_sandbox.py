@@ -18,6 +18,7 @@ from asyncsandbox import (
     BackendUnavailable,
     CodeContext,
     Execution,
+    RequestNotSent,
     SandboxError,
     SandboxInfo,
     SandboxNotFound,
@@ -152,8 +153,9 @@ class RemoteSandbox(SandboxHandle):
                 return await frames.outcome()
         except SandboxError as exc:
             # An error answer, or the error the server reported instead of an exit status:
-            # the command is over. Only a lost connection leaves it maybe running.
-            over = not isinstance(exc, BackendUnavailable)
+            # the command is over. Only a lost connection leaves it maybe running (not one
+            # that was never established: the command was never sent).
+            over = isinstance(exc, RequestNotSent) or not isinstance(exc, BackendUnavailable)
             raise died(exc) from exc.__cause__
         except anyio.get_cancelled_exc_class():
             cancelled = True
@@ -184,7 +186,6 @@ class RemoteSandbox(SandboxHandle):
                     "DELETE",
                     sandbox_path(self._id, f"/execs/{exec_id}"),
                     what="cancel exec",
-                    reconnect=True,
                     sandbox_id=self._id,
                 )
             except SandboxNotFound:
@@ -250,7 +251,6 @@ class RemoteSandbox(SandboxHandle):
                 method,
                 sandbox_path(self._id, suffix),
                 what=what,
-                reconnect=True,
                 sandbox_id=self._id,
                 content=content,
                 headers=JSON_HEADERS if content is not None else None,
@@ -266,7 +266,6 @@ class RemoteSandbox(SandboxHandle):
                 "GET",
                 sandbox_path(self._id, "/files"),
                 what="read file",
-                reconnect=True,
                 sandbox_id=self._id,
                 params={"path": path, "max_bytes": max_bytes},
             )
@@ -280,7 +279,6 @@ class RemoteSandbox(SandboxHandle):
                 "PUT",
                 sandbox_path(self._id, "/files"),
                 what="write file",
-                reconnect=True,
                 sandbox_id=self._id,
                 params={"path": path, "mode": format(mode, "o")},
                 content=data,
@@ -295,7 +293,6 @@ class RemoteSandbox(SandboxHandle):
                 "PUT",
                 sandbox_path(self._id, "/archive"),
                 what="upload",
-                reconnect=True,  # the stream was not read yet when a connection failed
                 sandbox_id=self._id,
                 params={"path": path},
                 content=_aiter(archive),
@@ -324,7 +321,7 @@ class RemoteSandbox(SandboxHandle):
 
     async def inspect(self) -> SandboxInfo:
         response = await self._api.call(
-            "GET", sandbox_path(self._id), what="inspect", reconnect=False, sandbox_id=self._id
+            "GET", sandbox_path(self._id), what="inspect", sandbox_id=self._id
         )
         return info(decode(w.DESCRIPTION, response))
 
@@ -337,7 +334,6 @@ class RemoteSandbox(SandboxHandle):
             "POST",
             sandbox_path(self._id) + "/snapshot",
             what="snapshot",
-            reconnect=False,
             sandbox_id=self._id,
         )
         created: w.SnapshotCreated = decode(w.SNAPSHOT, response)
@@ -352,7 +348,6 @@ class RemoteSandbox(SandboxHandle):
                 "POST",
                 sandbox_path(self._id, "/reset"),
                 what="reset",
-                reconnect=True,  # idempotent
                 sandbox_id=self._id,
             )
         except SandboxError as exc:
@@ -364,7 +359,6 @@ class RemoteSandbox(SandboxHandle):
                 "DELETE",
                 sandbox_path(self._id),
                 what="remove",
-                reconnect=False,
                 sandbox_id=self._id,
             )
         except SandboxNotFound:

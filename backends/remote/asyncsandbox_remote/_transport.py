@@ -1,24 +1,23 @@
 """The transport: one pooled httpx client (:class:`Api`) and the one place where HTTP and
 transport failures become asyncsandbox errors (users never see httpx exceptions).
 
-Who retries what. Every call is retried by one layer only, so attempts never multiply:
-
-* The Session's runtime (:class:`~asyncsandbox.RetryPolicy`) retries the lifecycle calls
-  (create, attach, list, inspect, remove, delete snapshot) when they fail with a ``retryable`` error: a
-  connection failure, a lost answer to a create that was then undone, a ``retryable``
-  error answer (503, 429, ...). They are sent once per attempt.
-* :meth:`Api.send` retries only a request that was never sent: a connection that could
-  not be established (httpcore's rule), up to ``attempts`` tries. It does so only for the
-  calls the runtime does not retry: commands, files, archives, and the backend's own
-  calls (server info, lease renewals, cancelling a command, abandoning a create). A
-  request that was sent is never repeated here; a command is never repeated at all,
-  except by the runtime when it never ran (``LaunchError``, which the server sends as
-  final: its own Session retried it already).
+Who retries what: the Session's runtime alone (:class:`~asyncsandbox.RetryPolicy`), so
+attempts never multiply. :class:`Api` sends each request once. A request whose connection
+could not be established (httpx's ``ConnectError``/``ConnectTimeout``, raised before
+anything was written) becomes :class:`~asyncsandbox.RequestNotSent`, which the runtime
+retries for every call, commands and files included: nothing of it reached the server. A
+request that was sent is never repeated by the client; the runtime repeats it only where
+that is safe: the lifecycle calls (create, attach, list, inspect, remove, delete snapshot)
+on a ``retryable`` error (a lost answer to a create that was then undone, a ``retryable``
+error answer: 503, 429, ...), and a command that never ran (``LaunchError``, which the
+server sends as final: its own Session retried it already). The backend's own calls
+(server info when it opens, lease renewals, cancelling a command, abandoning a create)
+are sent once: the runtime retries opening the backend, a renewal is tried again at the
+next period, and a kill or an abandon that fails is reported as unconfirmed.
 """
 
 from __future__ import annotations
 
-import random
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
@@ -35,13 +34,13 @@ from asyncsandbox import (
     InfrastructureError,
     InvalidArgument,
     LaunchError,
+    RequestNotSent,
     SandboxDied,
     SandboxError,
     SandboxFileError,
     SandboxNotFound,
     SandboxOOMKilled,
 )
-from asyncsandbox.log import get_logger
 
 from . import _wire as w
 
@@ -55,13 +54,10 @@ __all__ = (
     "sandbox_path",
     "snapshot_path",
     "transport_error",
-    "unsent",
 )
 
 API_KEY_ENV = "ASYNCSANDBOX_API_KEY"
 JSON_HEADERS = {"content-type": "application/json"}
-
-log = get_logger("asyncsandbox.remote")
 
 
 # -- errors -------------------------------------------------------------------------------
@@ -132,9 +128,10 @@ def _first_message(exc: BaseException) -> str:
 
 def transport_error(exc: httpx.HTTPError, base_url: str, what: str) -> BackendUnavailable:
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        return BackendUnavailable(
-            f"cannot reach the sandbox server at {base_url} ({what}): {_first_message(exc)}",
-            retryable=True,
+        # Raised while connecting, before the request was written (httpx raises them from
+        # the connection's setup only): the server never saw it.
+        return RequestNotSent(
+            f"cannot reach the sandbox server at {base_url} ({what}): {_first_message(exc)}"
         )
     if isinstance(exc, httpx.TimeoutException):
         return BackendUnavailable(
@@ -147,11 +144,6 @@ def transport_error(exc: httpx.HTTPError, base_url: str, what: str) -> BackendUn
         f"{type(exc).__name__}: {exc}",
         retryable=False,
     )
-
-
-def unsent(exc: SandboxError) -> bool:
-    """Whether ``exc`` says a request never left: its connection could not be established."""
-    return isinstance(exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout)
 
 
 def died(exc: SandboxError) -> SandboxError:
@@ -182,7 +174,7 @@ def sandbox_path(sandbox_id: str, suffix: str = "") -> str:
 
 
 class Api:
-    """One pooled httpx client; retries only what was never sent (see the module docstring)."""
+    """One pooled httpx client; it sends each request once (see the module docstring)."""
 
     def __init__(
         self,
@@ -191,8 +183,6 @@ class Api:
         *,
         timeout: float,
         connect_timeout: float,
-        attempts: int,
-        backoff: float,
         max_connections: int,
         verify: bool | str | ssl.SSLContext,
         cleanup: float,
@@ -214,13 +204,8 @@ class Api:
             verify=verify,
             follow_redirects=False,
         )
-        self.attempts = attempts
-        self.backoff = backoff
         self.cleanup = cleanup
         """Seconds a shielded cleanup may take (the Session's ``Timeouts.cleanup``)."""
-
-    async def _sleep(self, attempt: int) -> None:
-        await anyio.sleep(random.uniform(0, min(2.0, self.backoff * 2 ** (attempt - 1))))
 
     async def send(
         self,
@@ -228,42 +213,26 @@ class Api:
         path: str,
         *,
         what: str,
-        reconnect: bool,
         stream: bool = False,
         params: Any = None,
         content: Any = None,
         headers: Mapping[str, str] | None = None,
         read_timeout: float | None = None,
     ) -> httpx.Response:
-        """Send a request once and return the answer, whatever its status. With
-        ``reconnect`` (a call the runtime does not retry), a connection that could not be
-        established is tried again, up to ``attempts`` tries: nothing was sent. Nothing
-        else is ever retried here."""
-        attempt = 0
-        while True:
-            attempt += 1
-            timeout = self.client.timeout
-            if read_timeout is not None:
-                timeout = httpx.Timeout(
-                    connect=timeout.connect, read=read_timeout, write=timeout.write, pool=None
-                )
-            request = self.client.build_request(
-                method, path, params=params, content=content, headers=headers, timeout=timeout
+        """Send a request once and return the answer, whatever its status; one whose
+        connection could not be established raises :class:`~asyncsandbox.RequestNotSent`."""
+        timeout = self.client.timeout
+        if read_timeout is not None:
+            timeout = httpx.Timeout(
+                connect=timeout.connect, read=read_timeout, write=timeout.write, pool=None
             )
-            try:
-                return await self.client.send(request, stream=stream)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                # Raised while connecting, before the request was written (httpx raises
-                # them from the connection's setup only).
-                if reconnect and attempt < self.attempts:
-                    log.debug(
-                        "remote.client.reconnect", what=what, attempt=attempt, error=repr(exc)
-                    )
-                    await self._sleep(attempt)
-                    continue
-                raise transport_error(exc, self.base_url, what) from exc
-            except httpx.HTTPError as exc:
-                raise transport_error(exc, self.base_url, what) from exc
+        request = self.client.build_request(
+            method, path, params=params, content=content, headers=headers, timeout=timeout
+        )
+        try:
+            return await self.client.send(request, stream=stream)
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, self.base_url, what) from exc
 
     async def call(
         self,
@@ -271,7 +240,6 @@ class Api:
         path: str,
         *,
         what: str,
-        reconnect: bool,
         sandbox_id: str | None = None,
         params: Any = None,
         content: Any = None,
@@ -283,7 +251,6 @@ class Api:
             method,
             path,
             what=what,
-            reconnect=reconnect,
             params=params,
             content=content,
             headers=headers,
@@ -319,7 +286,6 @@ class Api:
             method,
             path,
             what=what,
-            reconnect=True,  # commands and archives: the runtime never retries them
             stream=True,
             params=params,
             content=content,
