@@ -12,22 +12,28 @@ to kill it.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
 import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from asyncsandbox import ExecResult, ExecTimeout, SandboxError
+from asyncsandbox import ExecResult, ExecTimeout, OutputChunk, SandboxError
 from asyncsandbox.log import get_logger
 
 from . import _wire as w
 from ._errors import HttpError, error_for
 from ._serverstate import ServerState
 from ._streaming import Streamed, decode, json_response, start_response, until_disconnect
+from ._tenancy import Record, TenantState
 
 __all__ = ("ExecHandlers",)
 
 log = get_logger("asyncsandbox.remote")
+
+T = TypeVar("T")
 
 
 class ExecHandlers:
@@ -77,15 +83,9 @@ class ExecHandlers:
         ping = self.config.ping_interval
 
         async def run(scope: Scope, receive: Receive, send: Send) -> None:
-            started = False
-            failure: HttpError | None = None
-
-            async def emit(frame: w.ExecFrame) -> None:
-                line = w.FRAME.encode(frame) + b"\n"
-                await send({"type": "http.response.body", "body": line, "more_body": True})
+            answer = _Frames(send, w.FRAME)
 
             async def work() -> None:
-                nonlocal started, failure
                 try:
                     async with record.sandbox.exec_stream(
                         body.argv,
@@ -95,23 +95,13 @@ class ExecHandlers:
                         timeout=body.timeout,
                         max_output_bytes=1,  # output goes out as frames; keep none here
                     ) as stream:
-                        await start_response(send, "application/x-ndjson")
-                        started = True
-                        while True:
-                            with anyio.move_on_after(ping) as quiet:
-                                try:
-                                    chunk = await stream.__anext__()
-                                except StopAsyncIteration:
-                                    break
-                            if quiet.cancelled_caught:
-                                await emit(w.PingFrame())
-                            else:
-                                await emit(w.OutputFrame(stream=chunk.stream, data=chunk.data))
+                        await answer.start()  # the command started: 200, then its frames
+                        await answer.relay(stream, ping, _output_frame)
                         try:
                             result = await stream.wait()
                         except ExecTimeout as exc:
                             result = exc.result
-                    await emit(
+                    await answer.emit(
                         w.ExitFrame(
                             returncode=result.returncode,
                             signal=result.signal,
@@ -123,27 +113,11 @@ class ExecHandlers:
                         )
                     )
                 except SandboxError as exc:
-                    failure = error_for(exc, record.id)
-                    if started:
-                        await emit(w.ErrorFrame(error=failure.body))
+                    await answer.fail(error_for(exc, record.id))
 
-            try:
-                async with self.tenancy.use(tenant, record, exec_id=body.exec_id) as activity:
-                    with activity.scope:
-                        if await until_disconnect(receive, work):
-                            self.metrics.disconnect_kills += 1
-                            log.info("remote.exec.disconnected", sandbox_id=record.id)
-                            return
-                    if activity.scope.cancelled_caught:
-                        failure = HttpError(409, "exec_cancelled", "the command was cancelled")
-                        if started:
-                            await emit(w.ErrorFrame(error=failure.body))
-            except HttpError as exc:
-                failure = exc
-            if started:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-            elif failure is not None:
-                await failure.response()(scope, receive, send)
+            await self._streamed(
+                answer, work, tenant, record, scope, receive, what="exec", exec_id=body.exec_id
+            )
 
         return Streamed(run)
 
@@ -156,21 +130,11 @@ class ExecHandlers:
         ping = self.config.ping_interval
 
         async def run(scope: Scope, receive: Receive, send: Send) -> None:
-            started = False
-            failure: HttpError | None = None
-
-            async def emit(frame: w.CodeFrame) -> None:
-                # The answer starts with its first frame: an error before any (an unknown
-                # context, a sandbox without python3) still gets its status.
-                nonlocal started
-                if not started:
-                    await start_response(send, "application/x-ndjson")
-                    started = True
-                line = w.CODE_FRAME.encode(frame) + b"\n"
-                await send({"type": "http.response.body", "body": line, "more_body": True})
+            # The answer starts with its first frame: an error before any (an unknown
+            # context, a sandbox without python3) still gets its status.
+            answer = _Frames(send, w.CODE_FRAME)
 
             async def work() -> None:
-                nonlocal failure
                 try:
                     async with record.sandbox.run_code_stream(
                         body.code,
@@ -179,45 +143,50 @@ class ExecHandlers:
                         env=body.env,
                         max_output_bytes=body.max_output_bytes,
                     ) as stream:
-                        while True:
-                            with anyio.move_on_after(ping) as quiet:
-                                try:
-                                    event = await stream.__anext__()
-                                except StopAsyncIteration:
-                                    break
-                            await emit(w.PingFrame() if quiet.cancelled_caught else event)
+                        await answer.relay(stream, ping, lambda event: event)
                         try:
                             execution = await stream.wait()
                         except ExecTimeout as exc:
                             if exc.execution is None:  # not the code's own: cannot be
                                 raise
                             execution = exc.execution
-                    await emit(w.CodeEndFrame(execution=execution))
+                    await answer.emit(w.CodeEndFrame(execution=execution))
                 except SandboxError as exc:
-                    failure = error_for(exc, record.id)
-                    if started:
-                        await emit(w.ErrorFrame(error=failure.body))
+                    await answer.fail(error_for(exc, record.id))
 
-            try:
-                async with self.tenancy.use(tenant, record) as activity:
-                    with activity.scope:
-                        if await until_disconnect(receive, work):
-                            # The code was interrupted (the runtime does it as it cancels).
-                            self.metrics.disconnect_kills += 1
-                            log.info("remote.run_code.disconnected", sandbox_id=record.id)
-                            return
-                    if activity.scope.cancelled_caught:
-                        failure = HttpError(409, "exec_cancelled", "the code was cancelled")
-                        if started:
-                            await emit(w.ErrorFrame(error=failure.body))
-            except HttpError as exc:
-                failure = exc
-            if started:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-            elif failure is not None:
-                await failure.response()(scope, receive, send)
+            # Disconnected: the code was interrupted (the runtime does it as it cancels).
+            await self._streamed(answer, work, tenant, record, scope, receive, what="run_code")
 
         return Streamed(run)
+
+    async def _streamed(
+        self,
+        answer: _Frames,
+        work: Callable[[], Awaitable[None]],
+        tenant: TenantState,
+        record: Record,
+        scope: Scope,
+        receive: Receive,
+        *,
+        what: str,
+        exec_id: str | None = None,
+    ) -> None:
+        """Run ``work``, which answers through ``answer``, as one operation of the tenant
+        on ``record`` (cancelled by ``cancel_exec`` under ``exec_id``, or by the client's
+        disconnect), then end the answer."""
+        try:
+            async with self.tenancy.use(tenant, record, exec_id=exec_id) as activity:
+                with activity.scope:
+                    if await until_disconnect(receive, work):
+                        self.metrics.disconnect_kills += 1
+                        log.info(f"remote.{what}.disconnected", sandbox_id=record.id)
+                        return
+                if activity.scope.cancelled_caught:
+                    noun = "command" if what == "exec" else "code"
+                    await answer.fail(HttpError(409, "exec_cancelled", f"the {noun} was cancelled"))
+        except HttpError as exc:
+            answer.failure = exc
+        await answer.end(scope, receive)
 
     async def create_code_context(self, request: Request) -> Response:
         tenant = self.tenancy.authenticate(request)
@@ -260,6 +229,59 @@ class ExecHandlers:
             with anyio.move_on_after(self.config.timeouts.cleanup):
                 await activity.done.wait()
         return Response(status_code=204)
+
+
+class _Frames:
+    """One streamed answer of NDJSON frames: its status (200) goes out at :meth:`start`
+    or with the first frame; a failure before that gets its own status, one after it is
+    the answer's last frame (an error frame)."""
+
+    def __init__(self, send: Send, codec: w.Codec[Any]) -> None:
+        self._send = send
+        self._codec = codec
+        self.started = False
+        self.failure: HttpError | None = None
+
+    async def start(self) -> None:
+        if not self.started:
+            await start_response(self._send, "application/x-ndjson")
+            self.started = True
+
+    async def emit(self, frame: w.ExecFrame | w.CodeFrame) -> None:
+        await self.start()
+        line = self._codec.encode(frame) + b"\n"
+        await self._send({"type": "http.response.body", "body": line, "more_body": True})
+
+    async def relay(
+        self,
+        items: AsyncIterator[T],
+        ping: float,
+        frame: Callable[[T], w.ExecFrame | w.CodeFrame],
+    ) -> None:
+        """A frame of each item as it comes, and a ping frame after every ``ping`` seconds
+        without one (a quiet command is not a dead link)."""
+        while True:
+            with anyio.move_on_after(ping) as quiet:
+                try:
+                    item = await items.__anext__()
+                except StopAsyncIteration:
+                    return
+            await self.emit(w.PingFrame() if quiet.cancelled_caught else frame(item))
+
+    async def fail(self, failure: HttpError) -> None:
+        self.failure = failure
+        if self.started:
+            await self.emit(w.ErrorFrame(error=failure.body))
+
+    async def end(self, scope: Scope, receive: Receive) -> None:
+        if self.started:
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        elif self.failure is not None:
+            await self.failure.response()(scope, receive, self._send)
+
+
+def _output_frame(chunk: OutputChunk) -> w.OutputFrame:
+    return w.OutputFrame(stream=chunk.stream, data=chunk.data)
 
 
 def _exec_response(result: ExecResult) -> w.ExecResponse:
