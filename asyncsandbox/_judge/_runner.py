@@ -2,7 +2,8 @@
 
 Runs inside the sandbox, on the sandbox's own ``python3`` (3.8 or later, standard library
 only): this file and :mod:`asyncsandbox._barrier` are sent as source, not imported
-(:data:`BOOT` loads them; the barrier arrives as the global ``barrier``).
+(:data:`BOOT` loads them; the barrier arrives as the global ``barrier``, and BOOT's
+``read_at_least`` as a global too).
 
 Each case runs in a fork of this process, in a session of its own, with its own stdin
 (a memory file), stdout and stderr (pipes read here) and nothing else of ours. Then:
@@ -72,6 +73,10 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
     from asyncsandbox import _barrier as barrier  # sent beside this file (see BOOT)
+
+    def read_at_least(data: bytes, size: int) -> bytes:
+        """``data`` and what stdin holds after it, until ``size`` bytes at least (BOOT's,
+        given to this file as a global: one definition for both)."""
 else:
     # signal's C module: the same calls and numbers, without the enums (whose import
     # costs a judgement a few milliseconds of its interpreter's start).
@@ -102,7 +107,12 @@ else:
 del sys.argv[1:4]
 barrier = types.ModuleType("barrier")
 exec(codes[0], barrier.__dict__)
-runner = {"__name__": "asyncsandbox_judge_runner", "barrier": barrier, "PENDING": data[size:]}
+runner = {
+    "__name__": "asyncsandbox_judge_runner",
+    "barrier": barrier,
+    "read_at_least": read_at_least,
+    "PENDING": data[size:],
+}
 exec(codes[1], runner)
 runner["main"]()
 """
@@ -169,15 +179,6 @@ def read_request() -> tuple[dict[str, Any], int]:
     for case in request["cases"]:
         case["stdin"], offset = (offset, case["stdin"]), offset + case["stdin"]
     return request, inputs
-
-
-def read_at_least(data: bytes, size: int) -> bytes:
-    while len(data) < size:
-        chunk = os.read(0, 1 << 20)
-        if not chunk:
-            raise SystemExit("the request ended early")
-        data += chunk
-    return data
 
 
 def json_line(fields: dict[str, Any]) -> bytes:
