@@ -13,6 +13,9 @@ Each case runs in a fork of this process, in a session of its own, with its own 
   ``SystemExit`` exits as the interpreter does, and non-daemon threads, ``atexit``
   functions and the flush of the streams happen at the end. The program was compiled
   once, here, before the first fork (about 1 ms a case instead of an interpreter's start).
+  What this process holds is moved out of the collector's reach before the first fork
+  (``gc.freeze``): the program's collections, automatic or asked for, walk its own
+  objects only, and leave ours (shared with this process until written) uncopied.
 * ``"mode": "exec"``: the fork executes ``argv`` (a compiled program, an interpreter).
 
 **A case ends when its main process ends.** Before anything of the program runs, the
@@ -57,6 +60,7 @@ answers then stop short of ``end``, and the host runs the cases without an answe
 from __future__ import annotations
 
 import _socket
+import gc
 import marshal
 import os
 import resource
@@ -496,6 +500,10 @@ class Runner:
         signal.set_wakeup_fd(wake_w)
         pending = [Case(i, spec) for i, spec in enumerate(request["cases"])]
         pending.reverse()
+        # Ours, out of the collector's reach before the first fork: a collection in a case
+        # would otherwise walk (and so copy) every page of this interpreter's objects.
+        # About 2 ms of CPU a case, measured in a process sandbox on a HumanEval program.
+        gc.freeze()
         os.set_blocking(1, False)
         while pending or self.running:
             while pending and len(self.running) < request["parallel"]:
