@@ -17,6 +17,9 @@ raises, so that a system that answers "pass" to everything shows up as disagreem
     uv run python -m bench.fusion_humaneval          # 164 problems x 3 rounds x 3 systems
     uv run python -m bench.fusion_humaneval --limit 40 --out -
 
+The systems take turns: each round runs the batch through ``subprocess``, then
+``session``, then ``fusion``, so that load from elsewhere on a shared machine falls on
+all three alike; each round's rates and the load average before and after it are kept.
 Writes rates, p50/p99 latencies, ratios to ``subprocess`` and disagreements as JSON to
 ``bench/results/fusion-humaneval-<date>.json`` and prints a table.
 """
@@ -28,6 +31,7 @@ import concurrent.futures
 import gzip
 import importlib.resources
 import json
+import os
 import secrets
 import shutil
 import statistics
@@ -86,6 +90,16 @@ class Measured:
     latencies: list[float] = field(default_factory=list)
     verdicts: dict[str, bool | None] = field(default_factory=dict)  # None: infra error
     errors: list[str] = field(default_factory=list)
+
+    def add(self, other: Measured) -> None:
+        """Count ``other`` (a round of the same system) in."""
+        self.seconds += other.seconds
+        self.latencies += other.latencies
+        self.verdicts.update(other.verdicts)
+        self.errors += other.errors
+
+    def rate(self) -> float:
+        return len(self.latencies) / self.seconds if self.seconds else 0.0
 
     def summary(self, base: Measured | None) -> dict[str, Any]:
         lat = sorted(self.latencies)
@@ -207,10 +221,27 @@ def main(argv: list[str] | None = None) -> int:
     root.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
     key = secrets.token_hex(24)
     server = LocalServer(root / "served", key, "--max-live-per-tenant", str(args.concurrency * 2))
+    base, ours, fusion = Measured("subprocess"), Measured("session"), Measured("fusion")
+    rounds = []
+    size = len(programs) // args.repeat
     try:
-        base = anyio.run(measure_subprocess, programs, args.concurrency)
-        ours = anyio.run(measure_session, programs, args.concurrency, root / "session")
-        fusion = measure_fusion(programs, args.concurrency, _with_key(server.url, key))
+        for r in range(args.repeat):
+            batch = programs[r * size : (r + 1) * size]
+            load_before = os.getloadavg()[0]
+            measured = (
+                anyio.run(measure_subprocess, batch, args.concurrency),
+                anyio.run(measure_session, batch, args.concurrency, root / "session"),
+                measure_fusion(batch, args.concurrency, _with_key(server.url, key)),
+            )
+            for total, one in zip((base, ours, fusion), measured, strict=True):
+                total.add(one)
+            rounds.append(
+                {
+                    "load_average_before": round(load_before, 2),
+                    "load_average_after": round(os.getloadavg()[0], 2),
+                    "programs_per_second": {m.name: round(m.rate(), 2) for m in measured},
+                }
+            )
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -225,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeat": args.repeat,
         "concurrency": args.concurrency,
         "systems": {m.name: m.summary(base) for m in systems},
+        "rounds": rounds,
         "disagreements_with_expected": {
             m.name: sorted(t for t, v in m.verdicts.items() if v is not None and v != expected[t])
             for m in systems
