@@ -133,13 +133,6 @@ GRACE = 1.0
 uninterruptible wait, past the barrier's kill): its output is then what it wrote by then."""
 
 
-def prctl(option: int, value: int) -> None:
-    import ctypes
-
-    if ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(%d)" % option)
-
-
 def read_request() -> tuple[dict[str, Any], int]:
     """The request (the program's source written), and a memory file holding every
     case's stdin: kept out of this process's memory, which each fork inherits (and a
@@ -376,7 +369,7 @@ class Runner:
                 os.dup2(err_w, 2)
                 ours.close()
                 hand_over_barrier(theirs)
-                prctl(PR_SET_CHILD_SUBREAPER, 1)  # what it orphans stays below it
+                barrier.prctl(PR_SET_CHILD_SUBREAPER, 1)  # what it orphans stays below it
                 os.closerange(3, MAX_FD)  # ours: the request, the other cases' pipes
             except BaseException:  # noqa: BLE001
                 os._exit(125)
@@ -648,8 +641,8 @@ def launchable(name: str) -> bool:
 
 
 def main() -> None:
-    prctl(PR_SET_DUMPABLE, 0)  # first: before anything of ours can be read through /proc
-    prctl(PR_SET_CHILD_SUBREAPER, 1)  # what a case orphans comes to us, to be killed
+    barrier.prctl(PR_SET_DUMPABLE, 0)  # first: before anything of ours can be read through /proc
+    barrier.prctl(PR_SET_CHILD_SUBREAPER, 1)  # what a case orphans comes to us, to be killed
     request, inputs = read_request()
     argv = request.get("argv")
     why = None  # before any case: nothing of the program ran yet
