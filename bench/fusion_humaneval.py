@@ -17,6 +17,18 @@ raises, so that a system that answers "pass" to everything shows up as disagreem
     uv run python -m bench.fusion_humaneval          # 164 problems x 3 rounds x 3 systems
     uv run python -m bench.fusion_humaneval --limit 40 --out -
 
+The systems take turns: each round runs the batch through ``subprocess``, then
+``session``, then ``fusion``, so that load from elsewhere on a shared machine falls on
+all three alike; each round's rates and the load average before and after it are kept.
+
+Where this process may make a cgroup of its own in a cgroup v1 ``cpuacct`` hierarchy of
+its own (root, and the process backend's cgroups are in the other hierarchies: memory,
+pids, cpu, freezer), the CPU time each system used while its rate was measured is kept
+too, everything's: the bench's own loop or client, the server, every sandbox's
+processes, the programs. Its ratio (``subprocess``'s CPU per program over the system's)
+is the CPU budget's view of the same comparison, and holds far better than the rates when
+others share the machine. Elsewhere ``cpu_ms_per_program`` is null.
+
 Writes rates, p50/p99 latencies, ratios to ``subprocess`` and disagreements as JSON to
 ``bench/results/fusion-humaneval-<date>.json`` and prints a table.
 """
@@ -28,6 +40,7 @@ import concurrent.futures
 import gzip
 import importlib.resources
 import json
+import os
 import secrets
 import shutil
 import statistics
@@ -51,6 +64,7 @@ from asyncsandbox import Limits, Session
 from bench.remote_load import LocalServer, default_root, machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 TIMEOUT = 10.0
 
 
@@ -86,16 +100,38 @@ class Measured:
     latencies: list[float] = field(default_factory=list)
     verdicts: dict[str, bool | None] = field(default_factory=dict)  # None: infra error
     errors: list[str] = field(default_factory=list)
+    cpu_seconds: float | None = None  # everything's, where a CpuMeter can tell
+
+    def add(self, other: Measured) -> None:
+        """Count ``other`` (a round of the same system) in."""
+        if other.cpu_seconds is not None:
+            self.cpu_seconds = (self.cpu_seconds or 0.0) + other.cpu_seconds
+        self.seconds += other.seconds
+        self.latencies += other.latencies
+        self.verdicts.update(other.verdicts)
+        self.errors += other.errors
+
+    def rate(self) -> float:
+        return len(self.latencies) / self.seconds if self.seconds else 0.0
+
+    def cpu_per_program(self) -> float | None:
+        if self.cpu_seconds is None or not self.verdicts:
+            return None
+        return self.cpu_seconds / len(self.verdicts)
 
     def summary(self, base: Measured | None) -> dict[str, Any]:
         lat = sorted(self.latencies)
         rate = len(lat) / self.seconds if self.seconds else 0.0
         base_rate = len(base.latencies) / base.seconds if base and base.seconds else None
+        cpu = self.cpu_per_program()
+        base_cpu = base.cpu_per_program() if base else None
         return {
             "programs": len(self.verdicts),
             "seconds": round(self.seconds, 2),
             "programs_per_second": round(rate, 2),
             "ratio_to_subprocess": round(rate / base_rate, 3) if base_rate else None,
+            "cpu_ms_per_program": None if cpu is None else round(cpu * 1000, 2),
+            "cpu_ratio_to_subprocess": round(base_cpu / cpu, 3) if cpu and base_cpu else None,
             "latency_ms": {
                 "p50": round(statistics.median(lat) * 1000, 1) if lat else None,
                 "p99": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000, 1)
@@ -113,6 +149,7 @@ async def _measure_async(
     programs: list[Program],
     concurrency: int,
     judge: Callable[[Program], Any],
+    meter: CpuMeter,
 ) -> Measured:
     measured = Measured(name)
     limiter = anyio.CapacityLimiter(concurrency)
@@ -128,15 +165,19 @@ async def _measure_async(
                 return
             measured.latencies.append(time.perf_counter() - started)
 
+    cpu = meter.read()
     started = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for program in programs:
             tg.start_soon(one, program)
     measured.seconds = time.perf_counter() - started
+    measured.cpu_seconds = meter.since(cpu)
     return measured
 
 
-async def measure_subprocess(programs: list[Program], concurrency: int) -> Measured:
+async def measure_subprocess(
+    programs: list[Program], concurrency: int, meter: CpuMeter
+) -> Measured:
     async def judge(program: Program) -> bool:
         with anyio.fail_after(TIMEOUT):
             done = await anyio.run_process(
@@ -144,10 +185,12 @@ async def measure_subprocess(programs: list[Program], concurrency: int) -> Measu
             )
         return done.returncode == 0
 
-    return await _measure_async("subprocess", programs, concurrency, judge)
+    return await _measure_async("subprocess", programs, concurrency, judge, meter)
 
 
-async def measure_session(programs: list[Program], concurrency: int, root: Path) -> Measured:
+async def measure_session(
+    programs: list[Program], concurrency: int, root: Path, meter: CpuMeter
+) -> Measured:
     async with Session(
         backend_options={"root": str(root)}, limits=Limits(max_live=concurrency)
     ) as session:
@@ -156,10 +199,12 @@ async def measure_session(programs: list[Program], concurrency: int, root: Path)
             result = await session.run(["python3", "-c", program.source], timeout=TIMEOUT)
             return result.returncode == 0
 
-        return await _measure_async("session", programs, concurrency, judge)
+        return await _measure_async("session", programs, concurrency, judge, meter)
 
 
-def measure_fusion(programs: list[Program], concurrency: int, url: str) -> Measured:
+def measure_fusion(
+    programs: list[Program], concurrency: int, url: str, meter: CpuMeter
+) -> Measured:
     set_sandbox_endpoint(url)
     measured = Measured("fusion")
 
@@ -181,11 +226,59 @@ def measure_fusion(programs: list[Program], concurrency: int, url: str) -> Measu
         measured.verdicts[program.task_id] = response.status == RunStatus.Success
         measured.latencies.append(time.perf_counter() - started)
 
+    cpu = meter.read()
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(one, programs))
     measured.seconds = time.perf_counter() - started
+    measured.cpu_seconds = meter.since(cpu)
     return measured
+
+
+class CpuMeter:
+    """CPU seconds used by this process and by everything it starts from now on, from a
+    ``cpuacct`` cgroup of its own (cgroup v1; see the module docstring). :meth:`read` is
+    None where there is none to make."""
+
+    def __init__(self) -> None:
+        self.group: Path | None = None
+        group = CPUACCT / f"bench-fusion-humaneval-{os.getpid()}"
+        try:
+            group.mkdir()
+        except OSError:
+            return
+        try:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError:
+            group.rmdir()
+            return
+        self.group = group
+
+    def read(self) -> float | None:
+        if self.group is None:
+            return None
+        return int((self.group / "cpuacct.usage").read_text()) / 1e9
+
+    def since(self, before: float | None) -> float | None:
+        """CPU seconds since :meth:`read` said ``before``."""
+        now = self.read()
+        return None if before is None or now is None else now - before
+
+    def close(self) -> None:
+        """Leave the cgroup and remove it, once what this process started has gone."""
+        if self.group is None:
+            return
+        (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.group.rmdir()
+                return
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    print(f"cannot remove {self.group}: {exc}", file=sys.stderr)
+                    return
+                time.sleep(0.1)  # a sandbox's last processes, on their way out
 
 
 def _with_key(url: str, key: str) -> str:
@@ -206,14 +299,34 @@ def main(argv: list[str] | None = None) -> int:
     root = default_root()
     root.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
     key = secrets.token_hex(24)
+    meter = CpuMeter()  # first: the server and the sandboxes start in its cgroup
     server = LocalServer(root / "served", key, "--max-live-per-tenant", str(args.concurrency * 2))
+    url = _with_key(server.url, key)
+    base, ours, fusion = Measured("subprocess"), Measured("session"), Measured("fusion")
+    rounds = []
+    size = len(programs) // args.repeat
     try:
-        base = anyio.run(measure_subprocess, programs, args.concurrency)
-        ours = anyio.run(measure_session, programs, args.concurrency, root / "session")
-        fusion = measure_fusion(programs, args.concurrency, _with_key(server.url, key))
+        for r in range(args.repeat):
+            batch = programs[r * size : (r + 1) * size]
+            load_before = os.getloadavg()[0]
+            measured = (
+                anyio.run(measure_subprocess, batch, args.concurrency, meter),
+                anyio.run(measure_session, batch, args.concurrency, root / "session", meter),
+                measure_fusion(batch, args.concurrency, url, meter),
+            )
+            for total, one in zip((base, ours, fusion), measured, strict=True):
+                total.add(one)
+            rounds.append(
+                {
+                    "load_average_before": round(load_before, 2),
+                    "load_average_after": round(os.getloadavg()[0], 2),
+                    "programs_per_second": {m.name: round(m.rate(), 2) for m in measured},
+                }
+            )
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+        meter.close()
 
     systems = [base, ours, fusion]
     expected = {p.task_id: p.expected for p in programs}
@@ -225,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeat": args.repeat,
         "concurrency": args.concurrency,
         "systems": {m.name: m.summary(base) for m in systems},
+        "rounds": rounds,
         "disagreements_with_expected": {
             m.name: sorted(t for t, v in m.verdicts.items() if v is not None and v != expected[t])
             for m in systems
@@ -233,11 +347,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     text = json.dumps(report, indent=2)
     print(text)
-    print(f"\n{'system':<12}{'programs/s':>12}{'x subprocess':>14}{'p50 ms':>9}{'p99 ms':>9}")
+    print(
+        f"\n{'system':<12}{'programs/s':>12}{'x subprocess':>14}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'CPU ms':>9}{'x CPU':>8}"
+    )
     for name, s in report["systems"].items():
         print(
             f"{name:<12}{s['programs_per_second']:>12}{s['ratio_to_subprocess']!s:>14}"
             f"{s['latency_ms']['p50']!s:>9}{s['latency_ms']['p99']!s:>9}"
+            f"{s['cpu_ms_per_program']!s:>9}{s['cpu_ratio_to_subprocess']!s:>8}"
         )
     if args.out != "-":
         out = Path(args.out or RESULTS / f"fusion-humaneval-{time.strftime('%Y%m%d-%H%M%S')}.json")

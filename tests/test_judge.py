@@ -251,6 +251,29 @@ async def test_python_cases_run_in_forks_of_one_interpreter(session: Session) ->
     assert not [log for log in logs if log["event"] == "judge.runner_gave_up"]
 
 
+async def test_a_python_cases_collector_works_as_python3s(session: Session) -> None:
+    """The runner's own objects are out of the collector's reach in its forks; the
+    program's are not: its cycles are collected, by the thresholds and when it asks."""
+    source = textwrap.dedent("""\
+        import gc, weakref
+        class Node:
+            pass
+        freed = []
+        def cycle(tag):
+            a, b = Node(), Node()
+            a.b, b.a = b, a
+            weakref.finalize(a, freed.append, tag)
+        for _ in range(5000):
+            cycle("automatic")
+        automatic = freed.count("automatic")
+        cycle("asked")
+        gc.collect()
+        print(gc.isenabled(), automatic > 0, "asked" in freed)
+    """)
+    result = await session.judge(Program(source=source), [TestCase(expected="True True True\n")])
+    assert result.verdict == Verdict.ACCEPTED, result
+
+
 async def test_a_python_case_cannot_write_the_runners_answers(session: Session) -> None:
     """The runner's answers go to its stdout; a case that tries to reach it through
     /proc (its parent's descriptors) to answer for every case (with the right outputs) is

@@ -38,6 +38,11 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("asyncsandbox/_judge/_runner.py", "atexit._run_exitfuncs"): (
         "the same: the interpreter's atexit handlers, run as the interpreter would at exit"
     ),
+    ("asyncsandbox/_barrier.py", "_ctypes._SimpleCData"): (
+        "the exit barrier, shipped into the sandbox, makes its three C calls with ctypes' C "
+        "module (importing ctypes cost each judgement about 2.5 ms of CPU): its C int and "
+        "char types are made as ctypes makes c_int and c_char, from this base"
+    ),
     ("asyncsandbox/_interpreter/_runner.py", "figure._suptitle"): (
         "a matplotlib figure's suptitle, for its chart: matplotlib has a public accessor "
         "(get_suptitle) from 3.8 on only, and the runner uses it there; Debian 12 ships 3.6"

@@ -14,6 +14,9 @@ Each case runs in a fork of this process, in a session of its own, with its own 
   ``SystemExit`` exits as the interpreter does, and non-daemon threads, ``atexit``
   functions and the flush of the streams happen at the end. The program was compiled
   once, here, before the first fork (about 1 ms a case instead of an interpreter's start).
+  What this process holds is moved out of the collector's reach before the first fork
+  (``gc.freeze``): the program's collections, automatic or asked for, walk its own
+  objects only, and leave ours (shared with this process until written) uncopied.
 * ``"mode": "exec"``: the fork executes ``argv`` (a compiled program, an interpreter).
 
 **A case ends when its main process ends.** Before anything of the program runs, the
@@ -58,6 +61,7 @@ answers then stop short of ``end``, and the host runs the cases without an answe
 from __future__ import annotations
 
 import _socket
+import gc
 import marshal
 import os
 import resource
@@ -137,13 +141,6 @@ a case ran, its exit status (126, 127, 125...) is the program's own."""
 GRACE = 1.0
 """Seconds a case's pipes may stay open after it ended (a process the kernel held in an
 uninterruptible wait, past the barrier's kill): its output is then what it wrote by then."""
-
-
-def prctl(option: int, value: int) -> None:
-    import ctypes
-
-    if ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(%d)" % option)
 
 
 def read_request() -> tuple[dict[str, Any], int]:
@@ -373,7 +370,7 @@ class Runner:
                 os.dup2(err_w, 2)
                 ours.close()
                 hand_over_barrier(theirs)
-                prctl(PR_SET_CHILD_SUBREAPER, 1)  # what it orphans stays below it
+                barrier.prctl(PR_SET_CHILD_SUBREAPER, 1)  # what it orphans stays below it
                 os.closerange(3, MAX_FD)  # ours: the request, the other cases' pipes
             except BaseException:  # noqa: BLE001
                 os._exit(125)
@@ -497,6 +494,10 @@ class Runner:
         signal.set_wakeup_fd(wake_w)
         pending = [Case(i, spec) for i, spec in enumerate(request["cases"])]
         pending.reverse()
+        # Ours, out of the collector's reach before the first fork: a collection in a case
+        # would otherwise walk (and so copy) every page of this interpreter's objects.
+        # About 2 ms of CPU a case, measured in a process sandbox on a HumanEval program.
+        gc.freeze()
         os.set_blocking(1, False)
         while pending or self.running:
             while pending and len(self.running) < request["parallel"]:
@@ -641,8 +642,8 @@ def launchable(name: str) -> bool:
 
 
 def main() -> None:
-    prctl(PR_SET_DUMPABLE, 0)  # first: before anything of ours can be read through /proc
-    prctl(PR_SET_CHILD_SUBREAPER, 1)  # what a case orphans comes to us, to be killed
+    barrier.prctl(PR_SET_DUMPABLE, 0)  # first: before anything of ours can be read through /proc
+    barrier.prctl(PR_SET_CHILD_SUBREAPER, 1)  # what a case orphans comes to us, to be killed
     request, inputs = read_request()
     argv = request.get("argv")
     why = None  # before any case: nothing of the program ran yet
