@@ -25,7 +25,9 @@ from asyncsandbox_e2b import E2bAttributes, E2bBackend
 from asyncsandbox import (
     BackendUnavailable,
     InvalidArgument,
+    RequestNotSent,
     Resources,
+    RetryPolicy,
     Sandbox,
     SandboxDied,
     SandboxNotFound,
@@ -150,12 +152,16 @@ def test_urls_are_derived_as_the_sdk_derives_them(monkeypatch: pytest.MonkeyPatc
 
 
 async def test_an_unreachable_api_is_backend_unavailable() -> None:
-    with pytest.raises(BackendUnavailable, match="cannot reach") as info:
+    # Nothing was sent: RequestNotSent, which the Session's RetryPolicy tries again: the
+    # second attempt finds the backend openable still (not "opened once").
+    with pytest.raises(RequestNotSent, match="cannot reach") as info:
         async with Session(
             E2bBackend(ALICE, api_url="http://127.0.0.1:9", sandbox_url="http://127.0.0.1:9"),
+            retries=RetryPolicy(attempts=2, backoff=0.01),
             sweep=False,
         ):
             pass
+    assert isinstance(info.value, BackendUnavailable)
     assert info.value.retryable
     assert isinstance(info.value.__cause__, httpx.HTTPError)  # chained, never raised
 

@@ -32,6 +32,7 @@ import msgspec
 from asyncsandbox import (
     BackendUnavailable,
     InvalidArgument,
+    RequestNotSent,
     SandboxError,
     SandboxInfo,
     SandboxNotFound,
@@ -104,8 +105,6 @@ class E2bBackend(Backend):
     :param timeout: seconds any single read or write on a connection may take (envd pings
         silent commands every 30 s).
     :param connect_timeout: seconds to establish a connection.
-    :param attempts: tries of a request whose connection could not be established
-        (nothing was sent), with jittered backoff from ``backoff`` seconds.
     :param max_connections: size of the connection pool (each running command holds one).
     :param verify: TLS verification: True, False, a CA bundle path or an ``SSLContext``.
 
@@ -128,8 +127,6 @@ class E2bBackend(Backend):
         lease_seconds: float = 120.0,
         timeout: float = 60.0,
         connect_timeout: float = 10.0,
-        attempts: int = 4,
-        backoff: float = 0.2,
         max_connections: int = 512,
         verify: bool | str | ssl.SSLContext = True,
     ) -> None:
@@ -153,8 +150,6 @@ class E2bBackend(Backend):
         ):
             if not 0 < number < math.inf:
                 raise InvalidArgument(f"{label} must be a positive number of seconds")
-        if attempts < 1:
-            raise InvalidArgument("attempts must be an integer >= 1")
         if not template or not user:
             raise InvalidArgument("template and user must be non-empty")
         chosen = limits if limits is not None else os.environ.get(LIMITS_ENV) or "enforce"
@@ -172,8 +167,6 @@ class E2bBackend(Backend):
         self._options: dict[str, Any] = {
             "timeout": float(timeout),
             "connect_timeout": float(connect_timeout),
-            "attempts": attempts,
-            "backoff": backoff,
             "max_connections": max_connections,
             "verify": verify,
         }
@@ -216,10 +209,16 @@ class E2bBackend(Backend):
         try:
             # The key and the API, checked once: a wrong one fails here, clearly.
             await self._control.call(
-                "GET", "/v2/sandboxes", what="list sandboxes", reconnect=True, params={"limit": 1}
+                "GET", "/v2/sandboxes", what="list sandboxes", params={"limit": 1}
             )
             # Exited in aclose(), which the Session calls from this same task.
             await task_group.__aenter__()
+        except RequestNotSent:
+            # E2B never saw us: left as new, to be opened again (the Session retries
+            # opening under its RetryPolicy).
+            http, self._http, self._control = self._http, None, None
+            await http.aclose()
+            raise
         except BaseException:
             self._closed = True
             await self._http.aclose()
@@ -273,7 +272,6 @@ class E2bBackend(Backend):
                     "POST",
                     f"/sandboxes/{quote(sandbox_id, safe='')}/timeout",
                     what="extend the sandbox's timeout",
-                    reconnect=True,
                     sandbox_id=sandbox_id,
                     body=msgspec.json.encode({"timeout": seconds}),
                 )
@@ -332,7 +330,6 @@ class E2bBackend(Backend):
                 "POST",
                 "/v2/sandboxes",
                 what="create a sandbox",
-                reconnect=False,  # the Session retries creates (RetryPolicy)
                 body=msgspec.json.encode(body),
                 headers={WORKDIR_HEADER: spec.workdir},
                 ok=(201,),
@@ -373,7 +370,6 @@ class E2bBackend(Backend):
             "GET",
             f"/sandboxes/{quote(sandbox_id, safe='')}",
             what="describe a sandbox",
-            reconnect=True,
             sandbox_id=sandbox_id,
         )
         detail: SandboxDetail = decode(response.content, SandboxDetail, "describe")
@@ -390,7 +386,6 @@ class E2bBackend(Backend):
             "DELETE",
             f"/sandboxes/{quote(sandbox_id, safe='')}",
             what="remove a sandbox",
-            reconnect=True,  # idempotent
             ok=(200, 204, 404),
         )
 
@@ -401,7 +396,7 @@ class E2bBackend(Backend):
         found: builtins.list[SandboxInfo] = []
         while True:
             response = await self.control.call(
-                "GET", "/v2/sandboxes", what="list sandboxes", reconnect=True, params=params
+                "GET", "/v2/sandboxes", what="list sandboxes", params=params
             )
             page = decode(response.content, builtins.list[ListedSandbox], "list")
             found.extend(
@@ -427,7 +422,6 @@ class E2bBackend(Backend):
             "POST",
             f"/sandboxes/{quote(sandbox_id, safe='')}/snapshots",
             what="snapshot a sandbox",
-            reconnect=False,  # sent once: a retry would take another snapshot
             sandbox_id=sandbox_id,
             body=msgspec.json.encode({"memory": False}),
             ok=(200, 201),
@@ -440,6 +434,5 @@ class E2bBackend(Backend):
             "DELETE",
             f"/templates/{quote(snapshot_id, safe='')}",
             what="delete a snapshot",
-            reconnect=True,  # idempotent
             ok=(200, 204, 404),
         )

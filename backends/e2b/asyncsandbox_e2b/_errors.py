@@ -21,6 +21,7 @@ from asyncsandbox import (
     InfrastructureError,
     InvalidArgument,
     LaunchError,
+    RequestNotSent,
     SandboxDied,
     SandboxError,
     SandboxFileError,
@@ -96,8 +97,9 @@ def api_error(
 def transport_error(exc: httpx.HTTPError, url: str, what: str) -> BackendUnavailable:
     """An httpx failure: the API or the sandbox could not be reached, or the link broke."""
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        # Raised before the request was written: nothing was sent.
-        return BackendUnavailable(f"cannot reach {url} ({what}): {_first(exc)}", retryable=True)
+        # Raised before the request was written: nothing was sent (the Session's
+        # RetryPolicy tries it again).
+        return RequestNotSent(f"cannot reach {url} ({what}): {_first(exc)}")
     if isinstance(exc, httpx.TimeoutException):
         return BackendUnavailable(
             f"{url} did not answer in time ({what}: {type(exc).__name__})", retryable=False

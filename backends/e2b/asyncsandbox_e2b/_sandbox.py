@@ -358,7 +358,7 @@ class E2bSandbox(SandboxHandle):
     async def _signal(self, envd: Envd, pid: int, signal: str) -> None:
         message = msgspec.json.encode(SendSignal(process=pid_selector(pid), signal=signal))
         try:
-            await envd.unary("process.Process/SendSignal", message, what="kill", reconnect=True)
+            await envd.unary("process.Process/SendSignal", message, what="kill")
         except ConnectFailure as failure:
             if failure.code != "not_found":  # not_found: it ended already
                 log.debug("e2b.exec.signal_failed", sandbox=self._id, error=str(failure))
@@ -453,7 +453,7 @@ class E2bSandbox(SandboxHandle):
             content=content,
             headers={"content-type": "application/octet-stream"},
         )
-        response = await envd.http.send(request, what=what, origin=envd.url, reconnect=True)
+        response = await envd.http.send(request, what=what, origin=envd.url)
         if response.status_code != 200:
             raise file_error(response, path=path, sandbox_id=self._id, what=what)
 
@@ -463,9 +463,7 @@ class E2bSandbox(SandboxHandle):
         request = envd.request(
             "GET", "/files", params=self._params(path), headers={"accept-encoding": "identity"}
         )
-        response = await envd.http.send(
-            request, what=what, origin=envd.url, reconnect=True, stream=True
-        )
+        response = await envd.http.send(request, what=what, origin=envd.url, stream=True)
         try:
             if response.status_code != 200:
                 try:

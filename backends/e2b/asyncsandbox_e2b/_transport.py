@@ -10,16 +10,15 @@ and carrying the stream's error, if any. The connectrpc package implements this 
 asyncio only (its async client cancels with asyncio's primitives and turns a
 cancellation into an error), so the few lines of framing are here, on httpx.
 
-**Retries.** A request whose connection could not be established was never sent and is
-tried again (``attempts``, with jittered backoff) when the caller says it may be; nothing
-that was sent is ever repeated here (lifecycle calls are retried by the Session's
-``RetryPolicy``).
+**Retries.** None here: each request is sent once. One whose connection could not be
+established was never sent and raises :class:`~asyncsandbox.RequestNotSent`, which the
+Session's ``RetryPolicy`` tries again for every call; what was sent is repeated only where
+the runtime says it is safe (the lifecycle calls).
 """
 
 from __future__ import annotations
 
 import base64
-import random
 import ssl
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -64,8 +63,6 @@ class Http:
         *,
         timeout: float,
         connect_timeout: float,
-        attempts: int,
-        backoff: float,
         max_connections: int,
         verify: bool | str | ssl.SSLContext,
         cleanup: float,
@@ -83,8 +80,6 @@ class Http:
             verify=verify,
             follow_redirects=False,
         )
-        self.attempts = attempts
-        self.backoff = backoff
         self.cleanup = cleanup
         """Seconds a shielded cleanup may take (the Session's ``Timeouts.cleanup``)."""
 
@@ -94,25 +89,14 @@ class Http:
         *,
         what: str,
         origin: str,
-        reconnect: bool,
         stream: bool = False,
     ) -> httpx.Response:
-        """Send ``request`` and return the answer, whatever its status (see the module
-        docstring for ``reconnect``). httpx errors become :class:`BackendUnavailable`."""
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await self.client.send(request, stream=stream)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                # Raised while connecting, before the request was written: nothing was sent.
-                if reconnect and attempt < self.attempts:
-                    log.debug("e2b.client.reconnect", what=what, attempt=attempt, error=repr(exc))
-                    await anyio.sleep(random.uniform(0, min(2.0, self.backoff * 2**attempt)))
-                    continue
-                raise transport_error(exc, origin, what) from exc
-            except httpx.HTTPError as exc:
-                raise transport_error(exc, origin, what) from exc
+        """Send ``request`` once and return the answer, whatever its status. httpx errors
+        become :class:`BackendUnavailable` (:class:`RequestNotSent` when nothing was sent)."""
+        try:
+            return await self.client.send(request, stream=stream)
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, origin, what) from exc
 
     async def close_response(self, response: httpx.Response) -> None:
         # Shielded and bounded: the connection must be released even when we are cancelled.
@@ -142,7 +126,6 @@ class ControlPlane:
         path: str,
         *,
         what: str,
-        reconnect: bool,
         sandbox_id: str | None = None,
         body: bytes | None = None,
         params: Any = None,
@@ -156,7 +139,7 @@ class ControlPlane:
         request = self.http.client.build_request(
             method, self.url + path, content=body, params=params, headers=headers
         )
-        response = await self.http.send(request, what=what, origin=self.url, reconnect=reconnect)
+        response = await self.http.send(request, what=what, origin=self.url)
         if response.status_code not in ok:
             raise api_error(response, url=self.url, what=what, sandbox_id=sandbox_id)
         return response
@@ -202,7 +185,7 @@ class Envd:
             headers={**self.headers, **(headers or {})},
         )
 
-    async def unary(self, method: str, message: bytes, *, what: str, reconnect: bool) -> bytes:
+    async def unary(self, method: str, message: bytes, *, what: str) -> bytes:
         """A unary Connect call: its answer's message. A Connect error raises
         :class:`ConnectFailure` (the caller gives it its meaning); the sandbox gone, or
         the link lost, raises the asyncsandbox error."""
@@ -212,7 +195,7 @@ class Envd:
             content=message,
             headers={"content-type": "application/json", "connect-protocol-version": "1"},
         )
-        response = await self.http.send(request, what=what, origin=self.url, reconnect=reconnect)
+        response = await self.http.send(request, what=what, origin=self.url)
         if response.status_code == 200:
             return response.content
         if _is_connect_error(response):
@@ -230,9 +213,7 @@ class Envd:
             content=envelope(message),
             headers={"content-type": "application/connect+json", "connect-protocol-version": "1"},
         )
-        response = await self.http.send(
-            request, what=what, origin=self.url, reconnect=True, stream=True
-        )
+        response = await self.http.send(request, what=what, origin=self.url, stream=True)
         try:
             if response.status_code != 200:
                 try:
