@@ -288,6 +288,23 @@ def require_docker() -> None:
     pytest.skip(problem)
 
 
+def require_runsc_runtime() -> None:
+    """Skip the calling test when the Docker daemon has no ``runsc`` runtime (see
+    ``.ci/docker.sh``); fail it instead with ``ASYNCSANDBOX_REQUIRE_GVISOR=1`` (CI)."""
+    require_docker()
+    done = subprocess.run(
+        ["docker", "info", "--format", "{{json .Runtimes}}"],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    if b'"runsc"' not in done.stdout:
+        problem = "the Docker daemon has no runsc runtime (see .ci/docker.sh)"
+        if os.environ.get("ASYNCSANDBOX_REQUIRE_GVISOR") == "1":
+            pytest.fail(f"gVisor is required (ASYNCSANDBOX_REQUIRE_GVISOR=1): {problem}")
+        pytest.skip(problem)
+
+
 def docker_test_image() -> str:
     """The image Docker tests use: $ASYNCSANDBOX_TEST_IMAGE (CI builds one from Debian
     packages), else a public python image that a normal Docker install pulls."""
@@ -614,7 +631,13 @@ async def episodes_leave_nothing(s: Session, *, episodes: int, concurrency: int)
 
 # How far past its own timeout a hostile command may end (a loaded 2-core CI machine,
 # Docker's API in between): "a small bound", never a hang.
-BOUND = {"process": 5.0, "docker": 10.0, "remote": 10.0}
+BOUND = {
+    "process": 5.0,
+    "process-gvisor": 10.0,
+    "docker": 10.0,
+    "docker-runsc": 15.0,
+    "remote": 10.0,
+}
 
 CANARY_SECRET = "canary-secret-" + uuid.uuid4().hex
 """What the torture suite's host canary holds: it must never show up in a sandbox."""
@@ -630,6 +653,9 @@ class Target:
     leftovers: Callable[[], list[str]]
     """What the target's sandboxes left on the host (directories, containers)."""
     data: dict[str, Any] = field(default_factory=dict)
+    gvisor: bool = False
+    """The sandboxes run on gVisor's kernel: their processes are not the host's (the host
+    sees runsc's few processes), so what runs in one is asked of its own ``/proc``."""
 
     @property
     def bound(self) -> float:
