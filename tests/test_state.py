@@ -109,7 +109,12 @@ async def test_a_failed_reset_removes_the_sandbox_and_the_next_episode_gets_a_fr
             )
         monkeypatch.undo()
         assert s.metrics()["asyncsandbox/reset_failures"] == 1
-        assert not (process_root / str(dirty_id)).exists()
+        # The failure is counted, then the sandbox removed.
+        await eventually_async(
+            lambda: not (process_root / str(dirty_id)).exists(),
+            within=10,
+            what="the sandbox whose reset failed was removed",
+        )
         async with s.sandbox() as a, s.sandbox() as b:
             assert dirty_id not in (a.id, b.id)
             assert (await a.exec(["ls", "-A", "/workspace"])).stdout == b""
