@@ -17,6 +17,34 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+# Modules whose tests drive real sandboxes (processes and namespaces, Docker, a server) on
+# both loops. The fake backend proves every semantic of the runtime on asyncio and trio in
+# the default run (tests/test_session.py, tests/test_conformance.py's fake backend); these
+# modules' trio runs repeat their asyncio runs on the same real components, so they are
+# part of the slow suite (`uv run pytest -m slow`, run once in CI) rather than the default.
+TRIO_RUNS_ARE_SLOW = {
+    "test_conformance.py",  # but its fake backend's trio runs stay in the default run
+    "test_e2b_backend.py",
+    "test_gvisor.py",
+    "test_inspect.py",
+    "test_interpreter.py",
+    "test_judge_integrity.py",
+    "test_remote.py",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if (
+            callspec is not None
+            and callspec.params.get("anyio_backend") == "trio"
+            and item.path.name in TRIO_RUNS_ARE_SLOW
+            and "fake" not in callspec.id.split("-")
+        ):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def process_root() -> Iterator[Path]:
     """A private sandbox root for one test (pytest's tmp_path is not reachable by the
