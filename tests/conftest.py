@@ -3,8 +3,12 @@ tests/_support.py."""
 
 from __future__ import annotations
 
+import json
+import os
+import resource
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,34 @@ from ._support import ALICE, Server, docker_test_image, new_process_root, requir
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+# Modules whose tests drive real sandboxes (processes and namespaces, Docker, a server) on
+# both loops. The fake backend proves every semantic of the runtime on asyncio and trio in
+# the default run (tests/test_session.py, tests/test_conformance.py's fake backend); these
+# modules' trio runs repeat their asyncio runs on the same real components, so they are
+# part of the slow suite (`uv run pytest -m slow`, run once in CI) rather than the default.
+TRIO_RUNS_ARE_SLOW = {
+    "test_conformance.py",  # but its fake backend's trio runs stay in the default run
+    "test_e2b_backend.py",
+    "test_gvisor.py",
+    "test_inspect.py",
+    "test_interpreter.py",
+    "test_judge_integrity.py",
+    "test_remote.py",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if (
+            callspec is not None
+            and callspec.params.get("anyio_backend") == "trio"
+            and item.path.name in TRIO_RUNS_ARE_SLOW
+            and "fake" not in callspec.id.split("-")
+        ):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture
@@ -84,3 +116,34 @@ def e2b_env(e2b_server: Server, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("E2B_API_KEY", ALICE)
     monkeypatch.delenv("E2B_DEBUG", raising=False)
     return e2b_server.url
+
+
+# -- what the suite costs: ASYNCSANDBOX_TEST_CPU_LOG=FILE appends one JSON line per test
+# phase (each xdist worker its own lines): its CPU seconds, this process's and its reaped
+# children's (sandboxes' executors, servers), for finding what makes a suite slow.
+_CPU_LOG = os.environ.get("ASYNCSANDBOX_TEST_CPU_LOG")
+
+
+def _cpu_seconds() -> float:
+    mine = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    if _CPU_LOG is None:
+        return (yield)
+    cpu, wall = _cpu_seconds(), time.monotonic()
+    try:
+        return (yield)
+    finally:
+        line = {
+            "test": item.nodeid,
+            "cpu": round(_cpu_seconds() - cpu, 3),
+            "wall": round(time.monotonic() - wall, 3),
+        }
+        with open(_CPU_LOG, "a") as log:
+            log.write(json.dumps(line) + "\n")

@@ -491,7 +491,7 @@ def test_the_readme_is_a_landing_page() -> None:
     blocks = {b.code.strip() for b in BLOCKS if b.document == README and b.language == "bash"}
     assert "uv run asyncsandbox demo" in blocks
     for marker, command in (
-        ("<!-- ci: test command -->", "uv run pytest"),
+        ("<!-- ci: test command -->", "uv run pytest -n auto"),
         (
             "<!-- ci: docs command -->",
             "uv run --group docs sphinx-build -W --keep-going -b html docs docs/_build/html",
