@@ -3,12 +3,8 @@ tests/_support.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import resource
 import shutil
-import time
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -116,34 +112,3 @@ def e2b_env(e2b_server: Server, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("E2B_API_KEY", ALICE)
     monkeypatch.delenv("E2B_DEBUG", raising=False)
     return e2b_server.url
-
-
-# -- what the suite costs: ASYNCSANDBOX_TEST_CPU_LOG=FILE appends one JSON line per test
-# phase (each xdist worker its own lines): its CPU seconds, this process's and its reaped
-# children's (sandboxes' executors, servers), for finding what makes a suite slow.
-_CPU_LOG = os.environ.get("ASYNCSANDBOX_TEST_CPU_LOG")
-
-
-def _cpu_seconds() -> float:
-    mine = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(
-    item: pytest.Item, nextitem: pytest.Item | None
-) -> Generator[None, object, object]:
-    if _CPU_LOG is None:
-        return (yield)
-    cpu, wall = _cpu_seconds(), time.monotonic()
-    try:
-        return (yield)
-    finally:
-        line = {
-            "test": item.nodeid,
-            "cpu": round(_cpu_seconds() - cpu, 3),
-            "wall": round(time.monotonic() - wall, 3),
-        }
-        with open(_CPU_LOG, "a") as log:
-            log.write(json.dumps(line) + "\n")
