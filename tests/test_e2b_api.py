@@ -17,6 +17,7 @@ from e2b import (
     AuthenticationException,
     CommandExitException,
     FileNotFoundException,
+    FilesystemEvent,
     Sandbox,
     SandboxException,
     SandboxNotRunningException,
@@ -348,9 +349,18 @@ def test_file_metadata_is_kept_as_envd_keeps_it(sandbox: Sandbox) -> None:
     handle = sandbox.files.watch_dir("seen", include_entry=True)
     try:
         sandbox.files.write("seen/f.txt", "z")
-        (write,) = [e for e in handle.get_new_events() if e.type.value == "write"]
-        assert write.entry is not None
-        assert (write.entry.path, write.entry.size) == ("/home/user/seen/f.txt", 1)
+        # An upload may be seen as more than one write (envd's too: truncate, then data),
+        # and events arrive when the watcher has them: gather until the last write shows.
+        writes: list[FilesystemEvent] = []
+
+        def written() -> bool:
+            writes.extend(e for e in handle.get_new_events() if e.type.value == "write")
+            return any(e.entry is not None and e.entry.size == 1 for e in writes)
+
+        eventually(written, within=10, what="a write event carrying the written entry")
+        assert [e.entry.path if e.entry else None for e in writes] == (
+            ["/home/user/seen/f.txt"] * len(writes)
+        )
     finally:
         handle.stop()
 
