@@ -33,29 +33,34 @@ class Retrier:
         name: str,
         make: Callable[[], Awaitable[T]],
         when: type[InfrastructureError] | tuple[type[InfrastructureError], ...],
+        *,
+        failed: InfrastructureError | None = None,
     ) -> T:
         """Await ``make()``; after an error of type ``when`` that is ``retryable``, back
         off and call ``make`` again, up to ``policy.attempts`` tries; then raise it.
+        ``failed``: the first try was made by the caller and raised this (a caller's fast
+        path: the calls that succeed at once pay nothing for the loop).
 
         Cancellation: propagates at once (a backoff is cancelled with the rest).
         """
         attempt = 0
+        if failed is not None:
+            attempt = 1
+            await self._back_off(name, attempt, failed)
         while True:
             attempt += 1
             try:
                 return await make()
             except when as exc:
-                if not exc.retryable or attempt >= self.policy.attempts:
-                    raise
-                policy = self.policy
-                delay = random.uniform(
-                    0, min(policy.max_backoff, policy.backoff * 2 ** (attempt - 1))
-                )
-                self._log.warning(
-                    "backend.retry",
-                    operation=name,
-                    attempt=attempt,
-                    delay=round(delay, 3),
-                    error=str(exc),
-                )
-                await anyio.sleep(delay)
+                await self._back_off(name, attempt, exc)
+
+    async def _back_off(self, name: str, attempt: int, exc: InfrastructureError) -> None:
+        """Wait before try ``attempt + 1``, or raise ``exc`` if there is none."""
+        policy = self.policy
+        if not exc.retryable or attempt >= policy.attempts:
+            raise exc
+        delay = random.uniform(0, min(policy.max_backoff, policy.backoff * 2 ** (attempt - 1)))
+        self._log.warning(
+            "backend.retry", operation=name, attempt=attempt, delay=round(delay, 3), error=str(exc)
+        )
+        await anyio.sleep(delay)

@@ -512,7 +512,14 @@ class Runtime:
         """A command or file operation in a sandbox (under its :meth:`slot`): retried only
         when it never ran: the backend could not launch it (:class:`LaunchError`), or the
         request never reached the backend (:class:`RequestNotSent`)."""
-        return await self._retry.run(name, lambda: self.translate(make()), _NEVER_RAN)
+        # The first try outside the retry loop: every command and file call comes here.
+        try:
+            return await self.translate(make())
+        except _NEVER_RAN as exc:
+            failed = exc
+        return await self._retry.run(
+            name, lambda: self.translate(make()), _NEVER_RAN, failed=failed
+        )
 
     @asynccontextmanager
     async def stream(
