@@ -688,3 +688,19 @@ def docker_backend(**options: Any) -> Backend:
     from asyncsandbox_docker import DockerBackend
 
     return DockerBackend(default_image=docker_test_image(), **options)
+
+
+FORK_UNTIL_REFUSED = (
+    "import os, time\n"
+    "n = 0\n"
+    "try:\n"
+    "    for _ in range(200):\n"
+    "        if os.fork() == 0:\n"
+    "            time.sleep(30)\n"
+    "            os._exit(0)\n"
+    "        n += 1\n"
+    "except OSError as e:\n"
+    "    print('stopped', n < 200, e.errno)\n"
+)
+"""A Python program that forks sleeping children until a fork is refused (a pids limit),
+then prints ``stopped True ERRNO``."""

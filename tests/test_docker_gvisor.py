@@ -16,7 +16,7 @@ from asyncsandbox_docker import DockerBackend
 from asyncsandbox import BackendUnavailable, Resources, SandboxDefaults, Session
 from asyncsandbox.testing import CHECKS, Check
 
-from ._support import docker_test_image, require_runsc_runtime
+from ._support import FORK_UNTIL_REFUSED, docker_test_image, require_runsc_runtime
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_engine", "runsc_runtime")]
 IMAGE = docker_test_image()
@@ -79,18 +79,7 @@ async def test_the_pids_limit_is_enforced_inside_gvisor() -> None:
     past it fails with EAGAIN and the sandbox goes on. The host's pids cgroup counts
     gVisor's own threads too (about 70 at rest, ~5 per task on ptrace): as the user's
     bound there, runsc could not make its threads and the sandbox ended (SandboxDied)."""
-    script = (
-        "import os, time\n"
-        "n = 0\n"
-        "try:\n"
-        "    for _ in range(200):\n"
-        "        if os.fork() == 0:\n"
-        "            time.sleep(30)\n"
-        "            os._exit(0)\n"
-        "        n += 1\n"
-        "except OSError as e:\n"
-        "    print('stopped', n < 200, e.errno)\n"
-    )
+    script = FORK_UNTIL_REFUSED
     defaults = SandboxDefaults(resources=Resources(pids=32))
     async with Session(backend(), defaults=defaults, sweep=False) as s, s.sandbox() as sb:
         result = await sb.exec(["python3", "-c", script], timeout=60)

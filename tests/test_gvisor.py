@@ -29,7 +29,7 @@ from asyncsandbox import (
 )
 from asyncsandbox._process import ProcessBackend, _select
 
-from ._support import gvisor_unavailable, new_process_root, unique_marker
+from ._support import FORK_UNTIL_REFUSED, gvisor_unavailable, new_process_root, unique_marker
 
 # A system call the host's kernel serves to an unprivileged, filtered command (Linux 5.13+,
 # allowed by our filter) and gVisor's kernel does not implement: landlock_create_ruleset,
@@ -153,18 +153,7 @@ async def test_commands_cannot_kill_the_executor(root: Path) -> None:
 async def test_pids_limit_holds_inside_gvisor(root: Path) -> None:
     """pids is gVisor's kernel's to enforce (the sandbox user's RLIMIT_NPROC, see
     _gvisor): forks stop at the limit, and the sandbox still serves commands."""
-    script = (
-        "import os, time\n"
-        "n = 0\n"
-        "try:\n"
-        "    for _ in range(200):\n"
-        "        if os.fork() == 0:\n"
-        "            time.sleep(30)\n"
-        "            os._exit(0)\n"
-        "        n += 1\n"
-        "except OSError as e:\n"
-        "    print('stopped', n < 200, e.errno)\n"
-    )
+    script = FORK_UNTIL_REFUSED
     if reason := gvisor_unavailable():
         pytest.skip(reason)
     defaults = SandboxDefaults(resources=Resources(pids=32))
