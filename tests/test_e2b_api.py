@@ -10,8 +10,11 @@ import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
+from asyncsandbox_remote._e2b._fs import Entry
+from asyncsandbox_remote._e2b._watch import EventType, Watchers
 from e2b import (
     AsyncSandbox,
     AuthenticationException,
@@ -316,6 +319,39 @@ def test_files_show_the_sandboxs_user_as_user_and_writes_raise_envds_events(
         ]
     finally:
         handle.stop()
+
+
+async def test_a_listing_during_an_upload_waits_for_the_uploads_events() -> None:
+    """A watcher's listing that would see an upload half done waits for the upload, whose
+    own events come first (CI's README suite, under load, saw a listing report the new
+    directory and file before them, and the upload's events after)."""
+    files: dict[str, Entry] = {}
+
+    class Listed:  # the sandbox as a listing sees it: what ``files`` holds
+        async def entries(self, path: str, depth: int) -> list[Entry]:
+            return [files[p] for p in sorted(files)]
+
+    def entry(path: str, kind: str, size: int = 0) -> Entry:
+        return Entry(kind, kind, size, 0o644, "rw-r--r--", "user", "user", 1.0, "", path)
+
+    async with anyio.create_task_group() as tg:
+        watchers = Watchers(Listed(), lambda: tg)  # type: ignore[arg-type]
+        watcher = await watchers.create("/w", recursive=True)
+        watcher.scope.cancel()  # its listings run when this test says
+        async with watchers.writing("/w/new/a.txt", empty=False):
+            files["/w/new"] = entry("/w/new", "d")
+            files["/w/new/a.txt"] = entry("/w/new/a.txt", "f", 1)
+            tg.start_soon(watcher.scan)
+            await anyio.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
+        await watcher.scan()  # and the next listing takes the upload in silently
+    assert [(e.type, e.name) for e in watcher.take()] == [
+        (EventType.CREATE, "new"),
+        (EventType.CHMOD, "new"),
+        (EventType.CREATE, "new/a.txt"),
+        (EventType.CHMOD, "new/a.txt"),
+        (EventType.WRITE, "new/a.txt"),
+    ]
 
 
 def test_listings_are_newest_first(e2b_env: str) -> None:

@@ -20,6 +20,7 @@ import binascii
 import gzip
 import posixpath
 import time
+from contextlib import nullcontext
 from typing import Any
 
 import msgspec
@@ -263,21 +264,24 @@ class E2bRouter:
         for path, data in files:
             if len(data) > limit:
                 raise _FileError(413, f"{path[:200]} exceeds the server's limit of {limit} bytes")
-            try:
-                await target.write_file(path, data)
-            except (InvalidArgument, SandboxError) as exc:
-                raise _file_error(exc, path) from None
-            entry: dict[str, Any] = {"path": path, "name": posixpath.basename(path), "type": "file"}
-            if fs is not None and (metadata or path in fs.tagged):
-                # envd's upload replaces the file's metadata (none: it clears it).
+            async with (
+                sandbox.watchers.writing(path, empty=not data)
+                if sandbox.watchers is not None
+                else nullcontext()
+            ):
                 try:
-                    await fs.tag(path, metadata)
-                except ConnectError as exc:
-                    raise _FileError(400, f"{path[:200]}: {exc.message}") from None
+                    await target.write_file(path, data)
+                except (InvalidArgument, SandboxError) as exc:
+                    raise _file_error(exc, path) from None
+                if fs is not None and (metadata or path in fs.tagged):
+                    # envd's upload replaces the file's metadata (none: it clears it).
+                    try:
+                        await fs.tag(path, metadata)
+                    except ConnectError as exc:
+                        raise _FileError(400, f"{path[:200]}: {exc.message}") from None
+            entry: dict[str, Any] = {"path": path, "name": posixpath.basename(path), "type": "file"}
             if metadata:
                 entry["metadata"] = metadata
-            if sandbox.watchers is not None:
-                await sandbox.watchers.wrote(path, empty=not data)
             written.append(entry)
         return Response(msgspec.json.encode(written), media_type="application/json")
 

@@ -10,14 +10,17 @@ and a ``CREATE``.
 A file written through envd's ``/files`` is reported at once, with the events envd's
 upload raises (it creates the file, gives it to the user, writes it): ``CREATE``,
 ``CHMOD``, ``WRITE`` for a new file (and ``CREATE``, ``CHMOD`` for each directory it
-made), ``CHMOD``, ``WRITE`` for one replaced; the next listing takes it in silently.
+made), ``CHMOD``, ``WRITE`` for one replaced; the next listing takes it in silently. The
+watchers that cover the file do not list while it is written (:meth:`Watchers.writing`),
+so a listing cannot report half of an upload before the upload's own events.
 """
 
 from __future__ import annotations
 
 import posixpath
 import secrets
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
 from anyio.abc import TaskGroup
@@ -51,7 +54,8 @@ class Watcher:
         self.changed = anyio.Event()
         self.scope = anyio.CancelScope()
         self.failed: ConnectError | None = None
-        self._lock = anyio.Lock()
+        self.lock = anyio.Lock()
+        """Held by a listing, and by an upload of a file this watcher covers."""
         self._recursive = recursive
         self.include_entry = include_entry
         """Events carry the entry they are about (envd 0.6.3), where it still exists."""
@@ -80,7 +84,7 @@ class Watcher:
 
     async def scan(self) -> None:
         """List the directory now and report what changed since the last listing."""
-        async with self._lock:
+        async with self.lock:
             if self.failed is not None:
                 return
             try:
@@ -177,16 +181,22 @@ class Watchers:
         if watcher is not None:
             watcher.scope.cancel()
 
-    async def wrote(self, path: str, *, empty: bool) -> None:
-        """``path`` was written through envd's upload (see :meth:`Watcher.wrote`); its
-        entry is described once if a watcher wants it."""
+    @asynccontextmanager
+    async def writing(self, path: str, *, empty: bool) -> AsyncIterator[None]:
+        """Write ``path`` through envd's upload in the body: the watchers that cover it
+        do not list meanwhile, and report the upload's events after it (see
+        :meth:`Watcher.wrote`; its entry is described once if a watcher wants it)."""
         watchers = [w for w in self._watchers.values() if w.covers(path)]
-        entry = None
-        if any(w.include_entry for w in watchers):
-            found = await self._fs.entries(path, 0)
-            entry = found[0] if found else None
-        for watcher in watchers:
-            watcher.wrote(path, empty=empty, entry=entry)
+        async with AsyncExitStack() as held:
+            for watcher in watchers:
+                await held.enter_async_context(watcher.lock)
+            yield
+            entry = None
+            if any(w.include_entry for w in watchers):
+                found = await self._fs.entries(path, 0)
+                entry = found[0] if found else None
+            for watcher in watchers:
+                watcher.wrote(path, empty=empty, entry=entry)
 
     def close(self) -> None:
         for watcher_id in list(self._watchers):
