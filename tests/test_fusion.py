@@ -146,6 +146,11 @@ def endpoint(server: Server) -> Iterator[str]:
         sf.set_sandbox_endpoint("")
 
 
+COMPILE = 60
+"""The compile timeout of the tests' C++ programs: under CI's load, g++ took longer than
+SandboxFusion's default of 10 s."""
+
+
 def run(request: RunCodeRequest) -> RunCodeResponse:
     """The real client's ``run_code`` (one attempt: a failure shows, not a retry)."""
     response: RunCodeResponse = sf.run_code(request, max_attempts=1, client_timeout=120)
@@ -160,7 +165,8 @@ def run(request: RunCodeRequest) -> RunCodeResponse:
 async def test_a_passing_program_answers_as_our_api(language: str) -> None:
     stdin = f"world-{uuid.uuid4().hex[:6]}\n"
     response = await anyio.to_thread.run_sync(
-        run, RunCodeRequest(code=OK[language], language=language, stdin=stdin)
+        run,
+        RunCodeRequest(code=OK[language], language=language, stdin=stdin, compile_timeout=COMPILE),
     )
     assert response.status == RunStatus.Success, response
     assert response.run_result is not None
@@ -183,7 +189,7 @@ async def test_a_passing_program_answers_as_our_api(language: str) -> None:
 @pytest.mark.parametrize("language", sorted(LANGS))
 async def test_a_failing_program_answers_as_our_api(language: str) -> None:
     response = await anyio.to_thread.run_sync(
-        run, RunCodeRequest(code=FAIL[language], language=language)
+        run, RunCodeRequest(code=FAIL[language], language=language, compile_timeout=COMPILE)
     )
     assert response.status == RunStatus.Failed, response
     result = response.run_result
@@ -202,8 +208,11 @@ async def test_a_failing_program_answers_as_our_api(language: str) -> None:
 @pytest.mark.usefixtures("endpoint")
 @pytest.mark.parametrize("language", sorted(LANGS))
 def test_a_program_past_its_run_timeout_is_killed(language: str) -> None:
+    # 3 s: under CI's load, node took longer than 1 s to print its first line.
     response = run(
-        RunCodeRequest(code=FOREVER[language], language=language, run_timeout=1, compile_timeout=60)
+        RunCodeRequest(
+            code=FOREVER[language], language=language, run_timeout=3, compile_timeout=COMPILE
+        )
     )
     assert response.status == RunStatus.Failed, response
     assert response.run_result is not None
@@ -225,7 +234,8 @@ async def test_our_api_times_out_the_same_program() -> None:
 
 @pytest.mark.usefixtures("endpoint")
 def test_a_program_that_does_not_compile_fails_with_its_compile_result() -> None:
-    response = run(RunCodeRequest(code="int main() { return undefined_name; }\n", language="cpp"))
+    code = "int main() { return undefined_name; }\n"
+    response = run(RunCodeRequest(code=code, language="cpp", compile_timeout=COMPILE))
     assert response.status == RunStatus.Failed, response
     assert response.run_result is None
     compiled = response.compile_result
@@ -254,7 +264,7 @@ def test_c_goes_as_cpp() -> None:
     code = (
         '#include <stdio.h>\nint main(void) { int x; scanf("%d", &x); printf("%d\\n", x * 2); }\n'
     )
-    response = run(RunCodeRequest(code=code, language="cpp", stdin="21"))
+    response = run(RunCodeRequest(code=code, language="cpp", stdin="21", compile_timeout=COMPILE))
     assert response.status == RunStatus.Success, response
     assert response.run_result is not None
     assert response.run_result.stdout == "42\n"
@@ -363,7 +373,7 @@ async def test_the_async_client(server: Server) -> None:
     requests_ = [
         RunCodeRequest(code=OK["python"], language="python", stdin="async"),
         RunCodeRequest(code=FAIL["bash"], language="bash"),
-        RunCodeRequest(code=OK["cpp"], language="cpp", stdin="cpp"),
+        RunCodeRequest(code=OK["cpp"], language="cpp", stdin="cpp", compile_timeout=COMPILE),
         RunCodeRequest(code=FOREVER["python"], language="python", run_timeout=1),
     ]
     answers: list[RunCodeResponse | None] = [None] * len(requests_)
