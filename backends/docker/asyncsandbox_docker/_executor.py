@@ -195,6 +195,7 @@ class Executor:
         self._ready = anyio.Event()
         self._failure: str | None = None
         self._closed = False
+        self._exited = False
         self._removing = False
         self._reading_since: float | None = None  # when the reader began waiting for bytes
 
@@ -202,6 +203,12 @@ class Executor:
     def failure(self) -> str | None:
         """Why the executor stopped serving (None while it serves)."""
         return self._failure
+
+    @property
+    def exited(self) -> bool:
+        """Whether the executor's output ended: it, the container's main process, exited
+        (so the container is stopping, or stopped)."""
+        return self._exited
 
     @property
     def usable(self) -> bool:
@@ -231,6 +238,7 @@ class Executor:
                 message = await stream.read()
                 self._reading_since = None
                 if message is None:
+                    self._exited = True
                     break
                 kind, data = message
                 if kind != 1:

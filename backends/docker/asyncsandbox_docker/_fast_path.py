@@ -53,7 +53,7 @@ class ExecutorFiles(ShellFiles):
             async with self._executor.open(argv, cwd=cwd, env=env, stdin=stdin) as job:
                 yield job
         except BackendUnavailable as exc:
-            raise await self._container.died(exc) from exc
+            raise await self._container.died(exc, stopping=self._executor.exited) from exc
 
 
 class FastPath(Path):
@@ -90,7 +90,7 @@ class FastPath(Path):
             # (its timeout), and a cancelled diagnosis would let the cancellation pass
             # this failure off as a timeout, the command's own outcome.
             with anyio.CancelScope(shield=True):
-                died = await container.died(exc)
+                died = await container.died(exc, stopping=self._executor.exited)
             raise died from exc
         if status.signal == 9 and not oom:  # the executor could not read the cgroup
             oom = await container.ooms.since(container.name, oom_before)

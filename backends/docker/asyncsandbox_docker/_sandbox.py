@@ -42,6 +42,9 @@ from ._store import SNAPSHOT_LABEL, SNAPSHOT_OWNER_LABEL, Store, snapshot_ref
 log = get_logger("asyncsandbox.docker")
 
 OOM_EVENT_GRACE = 0.5
+STOPPING_GRACE = 10.0
+"""How long a container whose executor exited may take to be seen stopped (gVisor's
+sandbox, killed for memory, took longer than the executor's end under load)."""
 _STATES = {
     "created": SandboxStatus.CREATING,
     "running": SandboxStatus.RUNNING,
@@ -153,8 +156,10 @@ class Container:
         if self.lost is not None:
             raise self.lost
 
-    async def died(self, error: SandboxError) -> SandboxError:
-        """Turn "not running" into why: killed for memory, lifetime over, removed."""
+    async def died(self, error: SandboxError, *, stopping: bool = False) -> SandboxError:
+        """Turn "not running" into why: killed for memory, lifetime over, removed.
+        ``stopping``: the executor exited, so the container stops; a container Docker
+        still shows running is waited for (at most :data:`STOPPING_GRACE`)."""
         if isinstance(error, SandboxNotFound):
             return SandboxDied(self.name, "removed")
         if isinstance(error, SandboxDied) and error.reason.startswith("lost"):
@@ -162,14 +167,21 @@ class Container:
         if not isinstance(error, SandboxDied | BackendUnavailable) or self.engine.wedged:
             return error
         try:
-            data = await self.engine.call(
-                "GET", f"containers/{self.name}/json", sandbox_id=self.name
-            )
+            state = await self._state()
+            if state.get("Running") and stopping:
+                with anyio.move_on_after(STOPPING_GRACE):
+                    await self.engine.call(
+                        "POST",
+                        f"containers/{self.name}/wait",
+                        params={"condition": "not-running"},
+                        sandbox_id=self.name,
+                        deadline=STOPPING_GRACE + 5,
+                    )
+                state = await self._state()
         except SandboxNotFound:
             return SandboxDied(self.name, "removed")
         except SandboxError:
             return error
-        state = data.get("State", {})
         if state.get("Running"):
             return error  # the sandbox lives: the error was the connection's
         if state.get("OOMKilled"):
@@ -180,6 +192,11 @@ class Container:
             self.name,
             f"the container stopped ({state.get('Status')}, exit status {state.get('ExitCode')})",
         )
+
+    async def _state(self) -> dict[str, Any]:
+        data = await self.engine.call("GET", f"containers/{self.name}/json", sandbox_id=self.name)
+        state: dict[str, Any] = data.get("State", {})
+        return state
 
 
 class Path(metaclass=ABCMeta):
