@@ -15,7 +15,9 @@ from typing import Any
 
 from . import _daemon, _machine, _report
 from ._orchestrate import Job, Run
-from ._systems import DOCKER_SYSTEMS, SYSTEMS, Unavailable, features
+from ._ours import features
+from ._system import Unavailable
+from ._systems import DOCKER_SYSTEMS, SYSTEMS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 IMAGE = "asyncsandbox-test:bookworm-2"
@@ -217,7 +219,7 @@ def _available(system: str, found: set[str]) -> str | None:
     if system == "asyncsandbox-docker-fast" and "fast_path_default" in found:
         return "identical to asyncsandbox-docker here (DockerBackend's fast_path defaults to True)"
     try:
-        from ._systems import DOCKER_VARIANTS
+        from ._ours import DOCKER_VARIANTS
 
         variant = DOCKER_VARIANTS.get(system)
         if variant is not None:

@@ -14,7 +14,8 @@ from typing import Any
 import anyio
 import structlog
 
-from ._systems import Config, Unavailable, make
+from ._system import Config, Unavailable
+from ._systems import make
 from ._workloads import WORKLOADS, Progress, overhead_point
 
 

@@ -21,7 +21,7 @@ import anyio
 
 from . import _daemon
 from ._stats import summary
-from ._systems import COMMANDS, PYTHON, System
+from ._system import COMMANDS, PYTHON, System
 
 T = TypeVar("T")
 
