@@ -55,66 +55,42 @@ def plot(run: dict[str, Any], run_dir: Path) -> dict[str, list[str]]:
             ys.append(value)
         return out
 
-    execs = of_workload("exec", run)
-    for command in ("python", "true"):
-        ms = [m for m in execs if m["params"]["command"] == command]
-        if not ms:
-            continue
+    def rate_and_p50(
+        ms: list[Measurement], phase: str, unit: str, titles: tuple[str, str], ylabel: str
+    ) -> Any:
+        """Two panels over concurrency: the rate (``unit``) and the p50 of ``phase`` in ms
+        (each concurrency axis made log base 2 by :func:`tidy`)."""
         fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
         for system, (xs, ys) in series(
             ms, "concurrency", lambda m: metric_of(m, "throughput")
         ).items():
             left.plot(xs, ys, marker="o", label=system)
-        for system, (xs, ys) in series(
-            ms,
-            "concurrency",
-            lambda m: (
-                (m["result"]["latency"].get("p50") or 0) * 1000
-                if metric_of(m, "throughput")
-                else None
-            ),
-        ).items():
+
+        def p50(m: Measurement) -> float | None:
+            ok = metric_of(m, "throughput")
+            return (m["result"][phase].get("p50") or 0) * 1000 if ok else None
+
+        for system, (xs, ys) in series(ms, "concurrency", p50).items():
             right.plot(xs, ys, marker="o", label=system)
-        left.set(xscale="log", yscale="log", xlabel="concurrency", ylabel="execs/s",
-                 title=f"exec throughput ({command})")  # fmt: skip
-        right.set(xscale="log", yscale="log", xlabel="concurrency", ylabel="p50 latency (ms)",
-                  title=f"exec latency p50 ({command})")  # fmt: skip
+        left.set(yscale="log", xlabel="concurrency", ylabel=unit, title=titles[0])
+        right.set(yscale="log", xlabel="concurrency", ylabel=ylabel, title=titles[1])
         left.legend(fontsize=7)
         for ax in (left, right):
             tidy(ax, ms, "concurrency")
             ax.grid(True, which="both", alpha=0.3)
-        save(fig, "exec", f"exec-{command}.png")
+        return fig
+
+    execs = of_workload("exec", run)
+    for command in ("python", "true"):
+        ms = [m for m in execs if m["params"]["command"] == command]
+        if ms:
+            titles = (f"exec throughput ({command})", f"exec latency p50 ({command})")
+            fig = rate_and_p50(ms, "latency", "execs/s", titles, "p50 latency (ms)")
+            save(fig, "exec", f"exec-{command}.png")
     lifecycle = of_workload("lifecycle", run)
     if lifecycle:
-        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-        for system, (xs, ys) in series(
-            lifecycle, "concurrency", lambda m: metric_of(m, "throughput")
-        ).items():
-            left.plot(xs, ys, marker="o", label=system)
-        for system, (xs, ys) in series(
-            lifecycle,
-            "concurrency",
-            lambda m: (
-                (m["result"]["create"].get("p50") or 0) * 1000
-                if metric_of(m, "throughput")
-                else None
-            ),
-        ).items():
-            right.plot(xs, ys, marker="o", label=system)
-        left.set(
-            yscale="log", xlabel="concurrency", ylabel="sandboxes/s", title="create+remove cycles/s"
-        )
-        right.set(
-            xscale="log",
-            yscale="log",
-            xlabel="concurrency",
-            ylabel="ms",
-            title="create-to-ready p50",
-        )
-        left.legend(fontsize=7)
-        for ax in (left, right):
-            tidy(ax, lifecycle, "concurrency")
-            ax.grid(True, which="both", alpha=0.3)
+        titles = ("create+remove cycles/s", "create-to-ready p50")
+        fig = rate_and_p50(lifecycle, "create", "sandboxes/s", titles, "ms")
         save(fig, "lifecycle", "lifecycle.png")
     rollout = of_workload("rollout", run)
     if rollout:
