@@ -7,10 +7,9 @@ from __future__ import annotations
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
-from typing import Any, Self, TypeVar, cast
+from typing import Any, Generic, Self, TypeVar, cast
 
 import anyio
-import anyio.abc
 
 from ._errors import InvalidArgument
 from ._interpreter._models import CodeEvent, Execution, ExecutionError, OutputMessage, Result
@@ -20,68 +19,99 @@ from ._util import single_error
 __all__ = ("Callbacks", "CodeStream", "ExecStream", "OutputHandler", "code_stream", "exec_stream")
 
 E = TypeVar("E")
+Item = TypeVar("Item")
+Outcome = TypeVar("Outcome")
 
 OutputHandler = Callable[[E], Awaitable[object] | object]
 """A ``run_code`` callback (``on_stdout=``, ...): a function or a coroutine function of
 one event, called as the event comes (in the event loop's thread)."""
 
 
-class ExecStream:
-    """A running command from :meth:`Sandbox.exec_stream`: iterate for output chunks."""
+class _Feed(Generic[Item, Outcome]):
+    """A call running in a task beside its caller's block, and the channel its items come
+    to the caller by: what both streams are made of."""
 
-    def __init__(self, receive: anyio.abc.ObjectReceiveStream[OutputChunk]) -> None:
-        self._receive = receive
-        self._result: ExecResult | None = None
+    def __init__(self) -> None:
+        self._send, self._receive = anyio.create_memory_object_stream[Item](16)
+        self._outcome: Outcome | None = None
         self._error: Exception | None = None
 
-    def __aiter__(self) -> Self:
-        return self
+    async def forward(self, item: Item) -> None:
+        # The reader may have left the block; the call is being cancelled then.
+        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self._send.send(item)
 
-    async def __anext__(self) -> OutputChunk:
+    async def next(self) -> Item:
         try:
             return await self._receive.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise StopAsyncIteration from None
 
+    async def outcome(self) -> Outcome:
+        """The call's outcome, once it ended (the items not taken yet are dropped); its
+        error is raised."""
+        with suppress(StopAsyncIteration):
+            while True:
+                await self.next()
+        if self._error is not None:
+            raise self._error
+        assert self._outcome is not None
+        return self._outcome
+
+    @asynccontextmanager
+    async def running(self, call: Callable[[], Awaitable[Outcome]]) -> AsyncIterator[None]:
+        """Run ``call`` in a task for the block; leaving the block cancels it."""
+
+        async def produce() -> None:
+            async with self._send:
+                try:
+                    self._outcome = await call()
+                except Exception as exc:  # noqa: BLE001 - delivered by outcome()
+                    self._error = exc
+
+        with single_error():
+            async with anyio.create_task_group() as tg, self._receive:
+                tg.start_soon(produce)
+                yield
+                tg.cancel_scope.cancel()
+
+
+class ExecStream:
+    """A running command from :meth:`Sandbox.exec_stream`: iterate for output chunks."""
+
+    def __init__(self, feed: _Feed[OutputChunk, ExecResult]) -> None:
+        self._feed = feed
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> OutputChunk:
+        return await self._feed.next()
+
     async def wait(self) -> ExecResult:
         """Wait for the command to finish (discarding output not iterated yet) and return
         its result; raises as :meth:`Sandbox.exec` would (:class:`ExecTimeout`, ...)."""
-        async for _ in self:
-            pass
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
+        return await self._feed.outcome()
 
 
 class CodeStream:
     """Running code from :meth:`Sandbox.run_code_stream`: iterate for its events
     (:class:`OutputMessage`, :class:`Result`, :class:`ExecutionError`) as they come."""
 
-    def __init__(self, receive: anyio.abc.ObjectReceiveStream[CodeEvent]) -> None:
-        self._receive = receive
-        self._execution: Execution | None = None
-        self._error: Exception | None = None
+    def __init__(self, feed: _Feed[CodeEvent, Execution]) -> None:
+        self._feed = feed
 
     def __aiter__(self) -> Self:
         return self
 
     async def __anext__(self) -> CodeEvent:
-        try:
-            return await self._receive.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise StopAsyncIteration from None
+        return await self._feed.next()
 
     async def wait(self) -> Execution:
         """Wait for the code to finish (discarding events not iterated yet) and return its
         :class:`Execution`; raises as :meth:`Sandbox.run_code` would
         (:class:`ExecTimeout`, ...)."""
-        async for _ in self:
-            pass
-        if self._error is not None:
-            raise self._error
-        assert self._execution is not None
-        return self._execution
+        return await self._feed.outcome()
 
 
 @asynccontextmanager
@@ -90,26 +120,13 @@ async def exec_stream(
 ) -> AsyncIterator[ExecStream]:
     """An :class:`ExecStream` of ``run(forward)``, a command run in a task beside the
     block, which forwards its output as it comes; leaving the block cancels it."""
-    send, receive = anyio.create_memory_object_stream[OutputChunk](16)
-    stream = ExecStream(receive)
+    feed = _Feed[OutputChunk, ExecResult]()
 
     async def forward(name: Stream, data: bytes) -> None:
-        # The reader may have left the block; the command is being killed then.
-        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await send.send(OutputChunk(name, data))
+        await feed.forward(OutputChunk(name, data))
 
-    async def produce() -> None:
-        async with send:
-            try:
-                stream._result = await run(forward)
-            except Exception as exc:  # noqa: BLE001 - delivered by stream.wait()
-                stream._error = exc
-
-    with single_error():
-        async with anyio.create_task_group() as tg, receive:
-            tg.start_soon(produce)
-            yield stream
-            tg.cancel_scope.cancel()
+    async with feed.running(lambda: run(forward)):
+        yield ExecStream(feed)
 
 
 @asynccontextmanager
@@ -118,26 +135,9 @@ async def code_stream(
 ) -> AsyncIterator[CodeStream]:
     """A :class:`CodeStream` of ``run(forward)``, code run in a task beside the block,
     which forwards its events as they come; leaving the block cancels it."""
-    send, receive = anyio.create_memory_object_stream[CodeEvent](16)
-    stream = CodeStream(receive)
-
-    async def forward(event: CodeEvent) -> None:
-        # The reader may have left the block; the code is being interrupted then.
-        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await send.send(event)
-
-    async def produce() -> None:
-        async with send:
-            try:
-                stream._execution = await run(forward)
-            except Exception as exc:  # noqa: BLE001 - delivered by stream.wait()
-                stream._error = exc
-
-    with single_error():
-        async with anyio.create_task_group() as tg, receive:
-            tg.start_soon(produce)
-            yield stream
-            tg.cancel_scope.cancel()
+    feed = _Feed[CodeEvent, Execution]()
+    async with feed.running(lambda: run(feed.forward)):
+        yield CodeStream(feed)
 
 
 class Callbacks:
