@@ -105,6 +105,7 @@ class GVisor(Resident):
     name = "gvisor"
     summary = "gVisor (runsc: a user-space kernel per sandbox, the resident executor inside)"
     oom_ends_sandbox = True
+    promises = GUARANTEES
 
     def __init__(self, *, seccomp: bool, executable: str) -> None:
         super().__init__(seccomp=seccomp)
@@ -123,12 +124,6 @@ class GVisor(Resident):
                 "files a host uid of their own); run the backend as root"
             )
         return cls(seccomp=seccomp, executable=executable)
-
-    def guarantees(self) -> list[str]:
-        found = list(GUARANTEES)
-        if not self.seccomp:
-            found = [g for g in found if not g.startswith("seccomp")]
-        return found
 
     def launch(
         self,

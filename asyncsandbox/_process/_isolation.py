@@ -173,6 +173,9 @@ class Mechanism(ABC):
     """Whether going over ``memory_mb`` ends the whole sandbox (gVisor: its kernel is in
     the cgroup) rather than one command, with 137."""
 
+    promises: ClassVar[tuple[str, ...]] = GUARANTEES
+    """What the mechanism guarantees (its seccomp entry dropped when seccomp is off)."""
+
     def __init__(self, *, seccomp: bool) -> None:
         self.seccomp = seccomp
 
@@ -189,7 +192,7 @@ class Mechanism(ABC):
         """The process to spawn to run ``argv`` in the sandbox of ``layout``."""
 
     def guarantees(self) -> list[str]:
-        found = list(GUARANTEES)
+        found = list(self.promises)
         if not self.seccomp:
             found = [g for g in found if not g.startswith("seccomp")]
         return found
@@ -276,9 +279,7 @@ class Unisolated(Mechanism):
     name = "none"
     summary = "none: commands run directly on the host (unsafe for untrusted code)"
     isolated = False
-
-    def guarantees(self) -> list[str]:
-        return []
+    promises = ()
 
     def describe(self, *, root: bool) -> str:
         return self.summary
