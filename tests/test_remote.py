@@ -1584,3 +1584,30 @@ def test_the_served_wrapper_passes_on_every_method_of_the_contract() -> None:
             and getattr(wrapper, name) is member
         ]
         assert inherited == [], f"{wrapper.__name__} does not pass on {inherited}"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the server runs on asyncio
+async def test_the_server_answers_while_its_sweep_waits_on_the_backend() -> None:
+    """The sweep of what a previous server left runs beside the serving: a backend slow
+    to list (Docker, held by a wedged container, answered after a minute) does not keep
+    the server from answering. On the old code the server did not start until it ended."""
+    from asyncsandbox_remote.server import ServerConfig, Tenant, create_app
+
+    from asyncsandbox.testing import FakeBackend
+
+    listing, release = anyio.Event(), anyio.Event()
+
+    class SlowToList(FakeBackend):
+        async def list(self, *, labels: Any) -> Any:
+            listing.set()
+            await release.wait()
+            return await super().list(labels=labels)
+
+    app = create_app(ServerConfig(), [Tenant.from_key("a", "k" * 16)], backend=SlowToList())
+    with anyio.fail_after(30):
+        async with app.state.server.lifespan():
+            await listing.wait()  # the sweep is under way, and the server answers
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://server") as client:
+                assert (await client.get("/v1/health")).status_code == 200
+            release.set()

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import anyio
 import anyio.abc
 
-from asyncsandbox import Session, create_backend
+from asyncsandbox import SandboxError, Session, create_backend
 from asyncsandbox.abc import Backend
 from asyncsandbox.log import get_logger
 
@@ -71,15 +71,24 @@ class ServerState:
             return self._backend_given
         return create_backend(self.config.backend, dict(self.config.backend_options))
 
+    async def _sweep(self, session: Session) -> None:
+        """Remove what a previous server left whose owner is gone (``Session.gc``)."""
+        try:
+            removed = await session.gc()
+        except SandboxError as exc:
+            log.warning("remote.server.sweep_failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        log.info("remote.server.swept", removed=len(removed))
+
     @asynccontextmanager
     async def lifespan(self, app: object = None) -> AsyncIterator[None]:
         """Open the Session and the lease reaper; on exit remove (or keep) the sandboxes."""
         served = self.served = ServedBackend(self._make_backend())
+        # The sweep runs beside the serving (below), not before it: a backend slow to list
+        # or remove (a wedged container holds Docker's answers for a minute) must not keep
+        # the server from answering.
         session = Session(
-            served,
-            limits=self.config.limits,
-            timeouts=self.config.timeouts,
-            sweep=self.config.sweep,
+            served, limits=self.config.limits, timeouts=self.config.timeouts, sweep=False
         )
         async with session:
             self.running = session
@@ -93,6 +102,8 @@ class ServerState:
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self.tenancy.reap_forever)
+                    if self.config.sweep:
+                        tg.start_soon(self._sweep, session)
                     self._task_group = tg
                     try:
                         yield
