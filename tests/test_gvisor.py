@@ -160,8 +160,15 @@ async def test_pids_limit_holds_inside_gvisor(root: Path) -> None:
     async with session(root, defaults=defaults) as s, s.sandbox() as sb:
         result = await sb.exec(["python3", "-c", script], timeout=60)
         after = await sb.exec(["echo", "ok"], check=True)
+        pids_max = [
+            (Path(d) / "pids.max").read_text().strip()
+            for d, _, files in os.walk("/sys/fs/cgroup")
+            if Path(d).name == sb.id and "pids.max" in files
+        ]
     assert result.stdout_text.split() == ["stopped", "True", "11"], result
     assert after.stdout_text == "ok\n"
+    # and the host's pids cgroup bounds gVisor as a whole (its kernel's threads included)
+    assert pids_max == [str(256 + 8 * 32)], pids_max
 
 
 async def test_no_network_but_loopback(root: Path) -> None:

@@ -27,7 +27,7 @@ from ..abc import Backend, BackendCapabilities, SandboxHandle, SandboxSpec
 from . import _state, _store
 from ._cgroups import Cgroups, SandboxCgroup
 from ._executor_path import ExecutorPath
-from ._gvisor import GVisor
+from ._gvisor import GVisor, host_pids
 from ._isolation import MODES, Mechanism, Mode, Resident
 from ._launcher_path import LauncherPath
 from ._layout import READ_ONLY_PREFIXES
@@ -344,10 +344,10 @@ class ProcessBackend(Backend):
             layers=snapshot.layers if spec.snapshot is not None else [],
         )
         if isinstance(self.mechanism, GVisor) and spec.resources.pids is not None:
-            # Enforced by gVisor's kernel, not the cgroup (see _gvisor).
-            meta.nproc = spec.resources.pids
+            # Enforced by gVisor's kernel; the cgroup bounds gVisor as a whole (see _gvisor).
+            meta.nproc = pids = spec.resources.pids
             spec = msgspec.structs.replace(
-                spec, resources=msgspec.structs.replace(spec.resources, pids=None)
+                spec, resources=msgspec.structs.replace(spec.resources, pids=host_pids(pids))
             )
         try:
             cgroup = await anyio.to_thread.run_sync(store.create, meta, spec)
