@@ -30,10 +30,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import select
 import socket
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,7 @@ from asyncsandbox.abc import (
 )
 from asyncsandbox.log import get_logger
 
+from ._raylet import Raylet
 from ._wire import WireError, error_to_wire
 
 OWNER_LABEL = "asyncsandbox.ray.owner"
@@ -91,61 +92,6 @@ def _node_root(node: str) -> Path:
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
         base = Path(cache, "asyncsandbox")
     return base / f"ray-{node[:16]}"
-
-
-class Raylet:
-    """The raylet of this worker's node (``RAY_RAYLET_PID``, set by Ray for every worker),
-    watched through a pidfd: it becomes readable when the raylet exits, whether or not
-    anything reaps it. Without a pidfd (Linux < 5.3) ``/proc`` is read instead."""
-
-    def __init__(self, pid: int | None) -> None:
-        self.pid = pid
-        self._fd: int | None = None
-        self._gone = pid is None
-        if pid is not None:
-            try:
-                self._fd = os.pidfd_open(pid)
-            except ProcessLookupError:
-                self._gone = True
-            except (AttributeError, OSError):
-                self._fd = None  # no pidfd here: /proc it is
-
-    @classmethod
-    def of_this_worker(cls) -> Raylet | None:
-        pid = os.environ.get("RAY_RAYLET_PID", "")
-        return cls(int(pid)) if pid.isdigit() else None
-
-    def gone(self) -> bool:
-        """Has the raylet exited? (A syscall: cheap enough for every call.)"""
-        if not self._gone:
-            if self._fd is not None:
-                poller = select.poll()
-                poller.register(self._fd, select.POLLIN)
-                self._gone = bool(poller.poll(0))
-            else:
-                self._gone = not _running(self.pid)
-        return self._gone
-
-    def wait(self) -> None:
-        """Block until the raylet exits (run in a thread of its own)."""
-        if self._fd is not None:
-            poller = select.poll()
-            poller.register(self._fd, select.POLLIN)
-            while not poller.poll():
-                pass
-            self._gone = True
-            return
-        while not self.gone():
-            time.sleep(1.0)
-
-
-def _running(pid: int | None) -> bool:
-    """``pid`` exists and is not a zombie (``/proc/<pid>/stat``)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2 :][:1] not in (b"Z", b"X")
 
 
 class _Run:
@@ -499,36 +445,57 @@ class NodeAgent:
     ) -> Any:
         """Start a command; answer with its first poll (a short command's whole outcome,
         output and exit status, in one round trip)."""
-        if run_id in self._killed:  # the driver gave up before this call arrived
-            return "ok", ([], None, ("died", {"id": local_id, "reason": "cancelled"}))
-        if self._node_lost():
-            return "error", self._died(local_id)
+        if (refused := self._refused(local_id, run_id)) is not None:
+            return refused
         try:
             handle = await self._handle(local_id)
         except SandboxError as exc:
             return "error", self._error(exc, local_id)
+
+        async def command(run: _Run) -> None:
+            run.status = await handle.exec(
+                argv, cwd=cwd, env=env, stdin=stdin, on_output=run.output, timeout=timeout
+            )
+
+        self._start(run_id, local_id, command, cancelled="command killed on the node")
+        return "ok", await self.exec_poll(run_id)
+
+    def _refused(self, local_id: str, run_id: str) -> Any:
+        """A start's answer when it cannot start (None when it can): the driver gave up
+        before the call arrived, or the node is lost."""
+        if run_id in self._killed:
+            return "ok", ([], None, ("died", {"id": local_id, "reason": "cancelled"}))
+        return ("error", self._died(local_id)) if self._node_lost() else None
+
+    def _start(
+        self,
+        run_id: str,
+        local_id: str,
+        work: Callable[[_Run], Awaitable[None]],
+        *,
+        cancelled: str,
+    ) -> None:
+        """Run ``work`` as ``run_id`` in a task of the node; its sandbox error, or its
+        cancellation (``cancelled`` says why, unless the node is lost), is the run's."""
         run = self._runs[run_id] = _Run()
 
-        async def command() -> None:
+        async def task() -> None:
             try:
-                run.status = await handle.exec(
-                    argv, cwd=cwd, env=env, stdin=stdin, on_output=run.output, timeout=timeout
-                )
+                await work(run)
             except SandboxError as exc:
                 run.error = self._error(exc, local_id)
             except asyncio.CancelledError:
                 run.error = (
                     self._died(local_id)
                     if self._node_lost()
-                    else ("died", {"id": local_id, "reason": "command killed on the node"})
+                    else ("died", {"id": local_id, "reason": cancelled})
                 )
                 raise
             finally:
                 run.changed.set()
 
-        run.task = asyncio.get_running_loop().create_task(command())
+        run.task = asyncio.get_running_loop().create_task(task())
         run.task.add_done_callback(lambda _: None)
-        return "ok", await self.exec_poll(run_id)
 
     async def exec_poll(self, run_id: str) -> Any:
         """Output so far and, once the command ended, how: ``(chunks, status, error)``.
@@ -590,33 +557,17 @@ class NodeAgent:
     ) -> Any:
         """Start a ``run_code`` call; answer with its first poll (a short call's whole
         execution, in one round trip), as :meth:`exec_start` does."""
-        if run_id in self._killed:
-            return "ok", ([], None, ("died", {"id": local_id, "reason": "cancelled"}))
-        if self._node_lost():
-            return "error", self._died(local_id)
+        if (refused := self._refused(local_id, run_id)) is not None:
+            return refused
         try:
             interpreter = await self._interpreter(local_id, workdir, env)
         except SandboxError as exc:
             return "error", self._error(exc, local_id)
-        run = self._runs[run_id] = _Run()
 
-        async def call() -> None:
-            try:
-                run.execution = await interpreter.run_code(request, on_event=run.event)
-            except SandboxError as exc:
-                run.error = self._error(exc, local_id)
-            except asyncio.CancelledError:
-                run.error = (
-                    self._died(local_id)
-                    if self._node_lost()
-                    else ("died", {"id": local_id, "reason": "the call was cancelled"})
-                )
-                raise
-            finally:
-                run.changed.set()
+        async def call(run: _Run) -> None:
+            run.execution = await interpreter.run_code(request, on_event=run.event)
 
-        run.task = asyncio.get_running_loop().create_task(call())
-        run.task.add_done_callback(lambda _: None)
+        self._start(run_id, local_id, call, cancelled="the call was cancelled")
         return "ok", await self.code_poll(run_id)
 
     async def code_poll(self, run_id: str) -> Any:
