@@ -169,6 +169,18 @@ def process_options(mechanism: str) -> dict[str, Any]:
     return {"isolation": mechanism, "fast_path": False}
 
 
+def default_process_mechanism() -> str | None:
+    """Which of :data:`PROCESS_MECHANISMS` ``ProcessBackend()`` is here, if one: without
+    bubblewrap, the native launcher's resident executor (the fast path is on by default);
+    with it, bubblewrap with the native executor's commands, which no entry names; or the
+    mechanism ``$ASYNCSANDBOX_PROCESS_ISOLATION`` forces (bubblewrap, forced, is that
+    pair too)."""
+    mode = os.environ.get("ASYNCSANDBOX_PROCESS_ISOLATION") or "auto"
+    if mode == "auto":
+        mode = "bwrap" if shutil.which("bwrap") else "native"
+    return {"bwrap": None, "native": "executor"}.get(mode, mode)
+
+
 def mechanism_unavailable(mechanism: str) -> str | None:
     """Why ``mechanism`` does not run here (a skip reason), or None."""
     forced = os.environ.get("ASYNCSANDBOX_PROCESS_ISOLATION")

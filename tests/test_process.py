@@ -45,6 +45,7 @@ from asyncsandbox.testing import CHECKS, Check
 
 from ._support import (
     PROCESS_MECHANISMS,
+    default_process_mechanism,
     eventually,
     eventually_async,
     mechanism_unavailable,
@@ -380,14 +381,17 @@ async def test_a_pseudo_terminal_opens(mechanism: str, process_root: Path) -> No
     assert result.stdout.startswith(b"/dev/pts/")
 
 
-# The mechanism is independent of the async library: asyncio suffices here (the default
-# mechanism runs the suite on trio too, in test_conformance.py).
+# The mechanism is independent of the async library: asyncio suffices here. gVisor, and
+# the mechanism ProcessBackend() runs here, run the suite in test_conformance.py (on
+# asyncio, and on trio in the slow suite): not twice.
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
-@pytest.mark.parametrize("mechanism", PROCESS_MECHANISMS)
+@pytest.mark.parametrize("mechanism", [m for m in PROCESS_MECHANISMS if m != "gvisor"])
 async def test_every_mechanism_conforms(mechanism: str, check: Check, process_root: Path) -> None:
     if reason := mechanism_unavailable(mechanism):
         pytest.skip(reason)
+    if mechanism == default_process_mechanism():
+        pytest.skip("the default mechanism: test_conformance.py runs the suite on it")
     await check.run(
         lambda: ProcessBackend(root=process_root, **process_options(mechanism)),
         launch_failure=process_launch_failure,
@@ -907,3 +911,22 @@ async def test_an_exit_status_reaped_by_someone_else_is_an_error_never_a_zero(
         finally:
             signal.signal(signal.SIGCHLD, previous)
         assert (await sb.exec(["sh", "-c", "exit 3"])).returncode == 3
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_default_mechanism_is_the_one_left_to_test_conformance(
+    process_root: Path,
+) -> None:
+    """test_every_mechanism_conforms leaves the default mechanism to test_conformance.py,
+    which runs the suite on ``ProcessBackend()``: they are the same here."""
+    mechanism = default_process_mechanism()
+    if mechanism is None:
+        pytest.skip("ProcessBackend() here is bubblewrap with the native executor: no entry")
+    options = process_options(mechanism)
+    backends = ProcessBackend(root=process_root), ProcessBackend(root=process_root, **options)
+    seen = []
+    for backend in backends:
+        async with Session(backend) as s, s.sandbox() as sb:
+            assert sb.id is not None
+            seen.append((backend.capabilities, type(backend._handles[sb.id]._path).__name__))
+    assert seen[0] == seen[1]
