@@ -168,7 +168,7 @@ async def test_pids_limit_holds_inside_gvisor(root: Path) -> None:
     assert result.stdout_text.split() == ["stopped", "True", "11"], result
     assert after.stdout_text == "ok\n"
     # and the host's pids cgroup bounds gVisor as a whole (its kernel's threads included)
-    assert pids_max == [str(256 + 8 * 32)], pids_max
+    assert pids_max == [str(1024 + 24 * 32)], pids_max
 
 
 async def test_no_network_but_loopback(root: Path) -> None:

@@ -38,12 +38,12 @@ What this version of gVisor (Debian 12's 20221219) cannot give, and what we do i
   ``memory_mb`` bounds the sandbox's memory with its kernel's (tens of MiB), and a sandbox
   that exceeds it is ended whole (the host kills gVisor's kernel): the exec raises
   :class:`SandboxOOMKilled`, as Docker's does for a container killed for memory, not an
-  exit status of 137. ``pids`` is not the cgroup's there (on the ptrace platform the kernel's own host
-  threads count, and twelve concurrent pythons passed 512): gVisor's kernel enforces it,
-  as the sandbox user's ``RLIMIT_NPROC`` (all the sandbox's commands run as that one user,
-  so it bounds the sandbox's processes and threads, as ``pids.max`` would); the cgroup's
-  ``pids.max`` bounds gVisor as a whole on the host (:func:`host_pids`, as the Docker
-  backend bounds a runsc container). ``cpus`` and the disk quota hold as elsewhere.
+  exit status of 137. ``pids`` is not the cgroup's there (on the ptrace platform the
+  kernel's own host threads count, and twelve concurrent pythons passed 512): gVisor's
+  kernel enforces it, as the sandbox user's ``RLIMIT_NPROC`` (all the sandbox's commands
+  run as that one user, so it bounds the sandbox's processes and threads, as ``pids.max``
+  would); the cgroup's ``pids.max`` bounds gVisor as a whole on the host
+  (:func:`host_pids`). ``cpus`` and the disk quota hold as elsewhere.
 """
 
 from __future__ import annotations
@@ -104,10 +104,12 @@ GUARANTEES = (
 
 def host_pids(pids: int) -> int:
     """The host pids cgroup's bound on a gVisor sandbox whose user asked for ``pids``:
-    gVisor's own threads at rest, and per task of its (measured with runsc 20221219,
-    ptrace: an idle sandbox 69 host tasks, 64 sleeping processes or threads 368-380). The
-    Docker backend bounds a runsc container alike."""
-    return 256 + 8 * pids
+    gVisor's own threads at rest, and its host tasks per task of the sandbox. Measured with
+    runsc 20221219 (ptrace) on this backend: a fork bomb held at 64 tasks by gVisor's
+    kernel peaked at 985-1,248 host tasks (no host bound; about 18 per task), and at
+    256 + 8 per task, the Docker backend's bound for a runsc container, gVisor could not
+    make its threads and the sandbox's executor died. Twice the peak seen."""
+    return 1024 + 24 * pids
 
 
 class GVisor(Resident):
