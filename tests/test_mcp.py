@@ -364,30 +364,30 @@ async def test_a_client_that_gives_up_on_a_call_keeps_its_session(
         assert text(await client.call_tool("read_file", {"path": "state"})) == "kept\n"
 
 
-@pytest.mark.parametrize(
-    ("name", "arguments", "says"),
-    [
-        ("bash", {}, "invalid arguments for bash"),
-        ("bash", {"command": 42}, "Expected `str`"),
-        ("bash", {"command": "true", "timeout": -1}, "Expected `float` >"),
-        ("read_file", {"paht": "x"}, "unknown field `paht`"),
-        ("read_file", {"path": "missing"}, "Error: "),
-        ("str_replace_editor", {"command": "delete", "path": "x"}, "invalid arguments"),
-        ("rm_rf", {"path": "/"}, "unknown tool 'rm_rf'"),
-    ],
-)
+BAD_CALLS = [
+    ("bash", {}, "invalid arguments for bash"),
+    ("bash", {"command": 42}, "Expected `str`"),
+    ("bash", {"command": "true", "timeout": -1}, "Expected `float` >"),
+    ("read_file", {"paht": "x"}, "unknown field `paht`"),
+    ("read_file", {"path": "missing"}, "Error: "),
+    ("str_replace_editor", {"command": "delete", "path": "x"}, "invalid arguments"),
+    ("rm_rf", {"path": "/"}, "unknown tool 'rm_rf'"),
+]
+
+
 async def test_bad_calls_are_error_results_and_the_session_goes_on(
     connect: Callable[[], AbstractAsyncContextManager[Client]],
-    name: str,
-    arguments: dict[str, Any],
-    says: str,
 ) -> None:
+    """Each bad call, one after another in one session: an error result (the caller's,
+    never infrastructure's), and the session answers the next call."""
     async with connect() as client:
-        result = await client.call_tool(name, arguments)
-        assert result.is_error
-        assert says in text(result)
-        assert (result.meta or {}).get(INFRASTRUCTURE_ERROR) is None
-        assert text(await client.call_tool("bash", {"command": "echo alive"})) == "exit=0\nalive\n"
+        for name, arguments, says in BAD_CALLS:
+            result = await client.call_tool(name, arguments)
+            assert result.is_error, name
+            assert says in text(result), (name, arguments)
+            assert (result.meta or {}).get(INFRASTRUCTURE_ERROR) is None
+            alive = await client.call_tool("bash", {"command": "echo alive"})
+            assert text(alive) == "exit=0\nalive\n", (name, arguments)
 
 
 async def test_a_failing_command_is_an_error_result(
