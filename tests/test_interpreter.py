@@ -1,7 +1,9 @@
-"""The code interpreter (``Sandbox.run_code``) on real backends: the process backend and
-Docker (the remote backend's are in test_remote.py, through a real server).
+"""The code interpreter (``Sandbox.run_code``) on real backends: the process backend,
+Docker, and the remote backend through a real server (its runs are in the slow suite: the
+interpreter is the process backend's behind it, and the wire's own run_code tests,
+streaming and interrupts, are in test_remote.py).
 
-Every semantic of the interpreter is here, each on both backends: state, the main result,
+Every semantic of the interpreter is here, each on every backend: state, the main result,
 each rich format, matplotlib figures, errors, contexts, timeouts, interrupt-ignoring code,
 dying interpreters, output floods, late background output, many contexts at once,
 recycling, and hostile code going for the runner's protocol.
@@ -76,7 +78,7 @@ def remote_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(params=["process", "docker", "remote"])
+@pytest.fixture(params=["process", "docker", pytest.param("remote", marks=pytest.mark.slow)])
 def target(request: pytest.FixtureRequest, anyio_backend: str, process_root: Path) -> Target:
     """The backend a test runs on (Docker: on asyncio only, as the backend says)."""
     kind = str(request.param)
