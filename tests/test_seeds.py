@@ -52,13 +52,31 @@ def test_the_blocks_of_every_guide_are_here() -> None:
     assert {n for n, f in SCENARIOS.items() if f is compile_only} == set(CANNOT_RUN)
 
 
-# The error-handling blocks wait out the guide's 30 s bash timeout: slow (CI runs them once).
+# The error-handling blocks wait out the guide's 30 s bash timeout, and copies of an earlier
+# guide's block add nothing to a default run: slow (CI runs them once).
 WAITS_OUT_A_TIMEOUT = {"error_handling"}
+
+
+def _copies() -> set[str]:
+    """Blocks whose file is byte for byte a block of an earlier guide (the aviato guides
+    share several): the default run runs the first; the slow suite runs the copies."""
+    first: dict[bytes, str] = {}
+    copies = set()
+    for block in ALL_BLOCKS:
+        text = (BLOCKS / f"{block}.py").read_bytes()
+        if text in first:
+            copies.add(block)
+        first.setdefault(text, block)
+    return copies
+
+
+COPIES = _copies()
 
 
 def _block_param(block: str) -> Any:
     kind = block.split("/")[1].split("_", 1)[1]
-    return pytest.param(block, marks=pytest.mark.slow) if kind in WAITS_OUT_A_TIMEOUT else block
+    slow = kind in WAITS_OUT_A_TIMEOUT or block in COPIES
+    return pytest.param(block, marks=pytest.mark.slow) if slow else block
 
 
 @pytest.mark.timeout(300)
