@@ -171,7 +171,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(
-    "eval_backend", ["process", "remote", pytest.param("docker", marks=pytest.mark.docker)]
+    "eval_backend",
+    [
+        "process",
+        # (the remote provider's calls are the process backend's behind a server, which the
+        # default suite tests; this whole run through it is the slow suite's)
+        pytest.param("remote", marks=pytest.mark.slow),
+        pytest.param("docker", marks=pytest.mark.docker),
+    ],
 )
 def test_inspect_eval_of_a_tool_using_task(tmp_path: Path, eval_backend: str) -> None:
     """``inspect eval examples/inspect_task.py``: the CLI, its scheduler, sample files,
