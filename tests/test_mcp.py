@@ -364,7 +364,7 @@ async def test_a_client_that_gives_up_on_a_call_keeps_its_session(
         assert text(await client.call_tool("read_file", {"path": "state"})) == "kept\n"
 
 
-BAD_CALLS = [
+BAD_CALLS: list[tuple[str, dict[str, Any], str]] = [
     ("bash", {}, "invalid arguments for bash"),
     ("bash", {"command": 42}, "Expected `str`"),
     ("bash", {"command": "true", "timeout": -1}, "Expected `float` >"),
