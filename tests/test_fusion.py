@@ -228,7 +228,7 @@ async def test_our_api_times_out_the_same_program() -> None:
     async with Session("process", sweep=False) as session, session.sandbox() as sandbox:
         await sandbox.write_file("main.py", FOREVER["python"])
         with pytest.raises(ExecTimeout) as info:
-            await sandbox.exec(["python3", "main.py"], timeout=1)
+            await sandbox.exec(["python3", "main.py"], timeout=3)  # as above: 3 s, for load
     assert info.value.result.stdout == b"start\n"
 
 
