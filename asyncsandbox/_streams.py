@@ -79,8 +79,14 @@ class _Feed(Generic[Item, Outcome]):
 class ExecStream:
     """A running command from :meth:`Sandbox.exec_stream`: iterate for output chunks."""
 
-    def __init__(self, feed: _Feed[OutputChunk, ExecResult]) -> None:
-        self._feed = feed
+    _feed: _Feed[OutputChunk, ExecResult]
+
+    @classmethod
+    def _of(cls, feed: _Feed[OutputChunk, ExecResult]) -> Self:
+        # Not an __init__: the stream is the Sandbox's to make (the reference shows none).
+        stream = cls.__new__(cls)
+        stream._feed = feed
+        return stream
 
     def __aiter__(self) -> Self:
         return self
@@ -98,8 +104,14 @@ class CodeStream:
     """Running code from :meth:`Sandbox.run_code_stream`: iterate for its events
     (:class:`OutputMessage`, :class:`Result`, :class:`ExecutionError`) as they come."""
 
-    def __init__(self, feed: _Feed[CodeEvent, Execution]) -> None:
-        self._feed = feed
+    _feed: _Feed[CodeEvent, Execution]
+
+    @classmethod
+    def _of(cls, feed: _Feed[CodeEvent, Execution]) -> Self:
+        # Not an __init__: the stream is the Sandbox's to make (the reference shows none).
+        stream = cls.__new__(cls)
+        stream._feed = feed
+        return stream
 
     def __aiter__(self) -> Self:
         return self
@@ -126,7 +138,7 @@ async def exec_stream(
         await feed.forward(OutputChunk(name, data))
 
     async with feed.running(lambda: run(forward)):
-        yield ExecStream(feed)
+        yield ExecStream._of(feed)
 
 
 @asynccontextmanager
@@ -137,7 +149,7 @@ async def code_stream(
     which forwards its events as they come; leaving the block cancels it."""
     feed = _Feed[CodeEvent, Execution]()
     async with feed.running(lambda: run(feed.forward)):
-        yield CodeStream(feed)
+        yield CodeStream._of(feed)
 
 
 class Callbacks:
