@@ -77,12 +77,14 @@ def test_every_example_documents_how_to_run_it(script: str) -> None:
 # -- reward_function.py ---------------------------------------------------------------------
 
 
-def check_reward_function(out: str) -> None:
+def check_reward_function(out: str, *, in_completion_order: bool = True) -> None:
     progress = progress_lines(out)
     assert len(progress) == 5
-    # Printed as they complete: the instant ones before the ones that sleep.
-    assert "string-ops" in progress[0] or "syntax-error" in progress[0]
-    assert "slow-" in progress[-1]
+    if in_completion_order:
+        # Printed as they complete: the instant ones before the ones that sleep (0.5 s at
+        # least; each sandbox starts in tens of milliseconds on the process backend).
+        assert "string-ops" in progress[0] or "syntax-error" in progress[0]
+        assert "slow-" in progress[-1]
     assert "SyntaxError" in next(line for line in progress if "syntax-error" in line)
     assert "RuntimeError: model bug" in out
     summary = [
@@ -109,7 +111,9 @@ def test_reward_function(process_root: Path) -> None:
 def test_reward_function_on_docker(docker_engine: None, process_root: Path) -> None:
     args = ("--backend", "docker", "--image", docker_test_image())
     out, _ = run_example("reward_function.py", *args, root=process_root)
-    check_reward_function(out)
+    # A container takes a second or more to start under CI's load, more than the sleeps
+    # that order the lines: the order is the process backend's test's to show.
+    check_reward_function(out, in_completion_order=False)
 
 
 # -- trl_grpo.py ----------------------------------------------------------------------------

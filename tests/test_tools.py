@@ -587,11 +587,14 @@ async def test_submit_runs_the_test_command(process_root: Path) -> None:
 
 async def test_submit_test_timeout_scores_zero(process_root: Path) -> None:
     async with process_toolbox(
-        process_root, tests="echo running; sleep 60", test_timeout=0.5
+        # 2 s: under CI's load, 0.5 s passed before the shell printed its first line
+        process_root,
+        tests="echo running; sleep 60",
+        test_timeout=2,
     ) as tb:
         result = await tb.call("submit", {})
         assert (result.reward, result.done, result.infrastructure_error) == (0.0, True, False)
-        assert result.observation.startswith("Submitted: the tests timed out after 0.5s")
+        assert result.observation.startswith("Submitted: the tests timed out after 2s")
         assert "running" in result.observation
 
 
