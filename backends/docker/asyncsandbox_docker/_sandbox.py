@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 import uuid
 from abc import ABCMeta, abstractmethod
@@ -42,9 +43,6 @@ from ._store import SNAPSHOT_LABEL, SNAPSHOT_OWNER_LABEL, Store, snapshot_ref
 log = get_logger("asyncsandbox.docker")
 
 OOM_EVENT_GRACE = 0.5
-STOPPING_GRACE = 10.0
-"""How long a container whose executor exited may take to be seen stopped (gVisor's
-sandbox, killed for memory, took longer than the executor's end under load)."""
 _STATES = {
     "created": SandboxStatus.CREATING,
     "running": SandboxStatus.RUNNING,
@@ -159,7 +157,8 @@ class Container:
     async def died(self, error: SandboxError, *, stopping: bool = False) -> SandboxError:
         """Turn "not running" into why: killed for memory, lifetime over, removed.
         ``stopping``: the executor exited, so the container stops; a container Docker
-        still shows running is waited for (at most :data:`STOPPING_GRACE`)."""
+        still shows running (gVisor's sandbox, killed for memory, outlived the executor's
+        end under load) is waited for, at most ``timeouts.cleanup``."""
         if isinstance(error, SandboxNotFound):
             return SandboxDied(self.name, "removed")
         if isinstance(error, SandboxDied) and error.reason.startswith("lost"):
@@ -169,13 +168,14 @@ class Container:
         try:
             state = await self._state()
             if state.get("Running") and stopping:
-                with anyio.move_on_after(STOPPING_GRACE):
+                # Bounded here (a slow stop is no sign of a wedged daemon), not by the call.
+                with anyio.move_on_after(self.engine.timeouts.cleanup):
                     await self.engine.call(
                         "POST",
                         f"containers/{self.name}/wait",
                         params={"condition": "not-running"},
                         sandbox_id=self.name,
-                        deadline=STOPPING_GRACE + 5,
+                        deadline=math.inf,
                     )
                 state = await self._state()
         except SandboxNotFound:
