@@ -60,12 +60,13 @@ LEAVE = {
     """,
     # A double-forked daemon (its parent gone at once, it is nobody's child). The main
     # process waits for that parent: it ends a moment after, or later on a busy machine,
-    # where a shorter nap could see it still running (and its answer then counts).
+    # where a shorter nap could see it still running (and its answer then counts: CI's
+    # newcomer run, three suites on two cores, saw it with a nap of 1 s).
     "double_fork": """
         if os.fork() == 0:
             if os.fork() == 0:
                 os.setsid()
-                time.sleep(1.0)
+                time.sleep(5.0)
                 os.write(1, answer)
             os._exit(0)
         os.wait()
