@@ -142,7 +142,7 @@ answers = [
 ]
 metrics = {}
 with SyncSession(backend, defaults=SandboxDefaults(image=image)) as session:
-    reward = trl_grpo.CodeExecutionReward(session, timeout=2)
+    reward = trl_grpo.CodeExecutionReward(session, timeout=5)
     results = []
     standard = reward(
         prompts=["Print 6*7."] * 4,
