@@ -20,13 +20,15 @@ one runner command (a standard-library program shipped into the sandbox). Python
 runner runs each case in a fork of an interpreter that compiled the program, as
 ``python3 main.py`` would run it, without paying an interpreter's start per case.
 
-A verdict comes from the program's own answer: its exit status (from ``waitpid``), the
-signal that killed it, its time, and what its pipes hold when it ended, compared on the
-host (the expected outputs never enter the sandbox). A case ends when the program's main
-process ends: the runner holds it at its exit system call until everything else it
-started is killed (the exit barrier: a seccomp user notification), so a process it left
+A verdict comes from the program's own answer: its exit status (what it asked to exit
+with, or ``waitpid``'s), the signal that killed it, its time, and what its pipes hold
+when it ended, compared on the host (the expected outputs never enter the sandbox). A case ends when the program's main
+process ends: the runner's guard holds it at its exit system call and kills the case's
+process group there (the exit barrier: a seccomp user notification), so a process it left
 behind cannot answer after it ended, and nothing it prints can speak the runner's
-protocol. A checker program, when given, runs in a sandbox of its own, out of the judged
+protocol. A judged program cannot leave its process group (``setsid``, ``setpgid`` and
+``clone`` with ``CLONE_PARENT`` fail with ``EPERM``); see docs/judging.md for what the
+barrier still leaves open (the moment between the exit request and the kill). A checker program, when given, runs in a sandbox of its own, out of the judged
 program's reach.
 
 A failure of the sandbox or the backend (``InfrastructureError``), or a language whose

@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from asyncsandbox import Session
+from asyncsandbox import Resources, Session
 from asyncsandbox.judge import JudgeResult, Language, Program, TestCase, Verdict
 
 from ._support import docker_test_image
@@ -47,13 +47,29 @@ PRELUDE = textwrap.dedent("""\
         signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
         libc.prctl(1, signal.SIGUSR1)  # PR_SET_PDEATHSIG
         return got
+
+    def leave_the_group():
+        try:
+            os.setsid()  # refused behind today's barrier; the answer comes all the same
+        except PermissionError:
+            pass
+
+    def until_exiting():
+        # Until the main process is in its exit system call (x86-64's and arm64's
+        # exit_group and exit): it asked to exit, and everything after that is late. (A
+        # judged program is not dumpable; the main process makes itself so, for this.)
+        exits = {b"231", b"60", b"94", b"93"}
+        while True:
+            with open("/proc/%d/syscall" % parent, "rb") as f:
+                if f.read().split(b" ")[0] in exits:
+                    return
 """)
 
 LEAVE = {
     # A daemon in a session of its own, answering half a second later.
     "setsid": """
         if os.fork() == 0:
-            os.setsid()
+            leave_the_group()
             time.sleep(0.5)
             os.write(1, answer)
             os._exit(0)
@@ -65,11 +81,27 @@ LEAVE = {
     "double_fork": """
         if os.fork() == 0:
             if os.fork() == 0:
-                os.setsid()
+                leave_the_group()
                 time.sleep(5.0)
                 os.write(1, answer)
             os._exit(0)
         os.wait()
+    """,
+    # A child among 300 that answers 0.2 s after the main process asked to exit. The
+    # runner answered the cases' ends one after another, each by searching every process
+    # for what to kill and waiting for all of it to die (their exits take the kernel
+    # about 0.3 ms each here): the fourth case's end, longer than that.
+    "among_many": """
+        libc.prctl(4, 1)  # PR_SET_DUMPABLE: its exit can be watched
+        for _ in range(300):
+            if os.fork() == 0:
+                time.sleep(60)
+                os._exit(0)
+        if os.fork() == 0:
+            until_exiting()
+            time.sleep(0.2)
+            os.write(1, answer)
+            os._exit(0)
     """,
     # A child that answers the moment its parent is gone.
     "orphaned": """
@@ -141,7 +173,11 @@ async def test_no_answer_after_the_main_process_ended(
 ) -> None:
     lang = "python" if language == "python" else PYTHON_COMMAND
     result = await session.judge(
-        Program(source=program(leave), language=lang), CASES, time_limit=20, parallel=4
+        Program(source=program(leave), language=lang),
+        CASES,
+        time_limit=20,
+        parallel=4,
+        resources=Resources(pids=2048),  # 4 cases at a time, 300 processes each
     )
     assert_none_accepted(result)
 
@@ -172,23 +208,74 @@ async def test_a_compiled_program_cannot_answer_after_it_ended(session: Session)
     assert_none_accepted(result)
 
 
-async def test_a_program_that_kills_the_runner_gains_nothing(session: Session) -> None:
-    # Each case kills its parent (the runner, whoever that is), then leaves an answer
-    # behind: killing the runner must not open a way around it.
-    source = (
-        PRELUDE
-        + textwrap.dedent("""\
-        try:
-            os.kill(os.getppid(), signal.SIGKILL)
-        except OSError:
-            pass
-    """)
-        + textwrap.dedent(LEAVE["orphaned"])
-        + "os._exit(0)\n"
-    )
+KILL_THE_RUNNER = """
+    try:
+        os.kill(os.getppid(), signal.SIGKILL)
+    except OSError:
+        pass
+"""
+# Every other child of its parent: whatever else watches over the cases (and the other
+# cases with it).
+KILL_THE_RUNNERS_OTHER_CHILDREN = """
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != parent:
+            try:
+                with open("/proc/%s/stat" % name, "rb") as f:
+                    stat = f.read()
+                if int(stat[stat.rindex(b")") + 2 :].split()[1]) == os.getppid():
+                    os.kill(int(name), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+"""
+
+
+@pytest.mark.parametrize("kill", [KILL_THE_RUNNER, KILL_THE_RUNNERS_OTHER_CHILDREN])
+async def test_a_program_that_kills_the_runner_gains_nothing(session: Session, kill: str) -> None:
+    # Each case kills its parent (the runner, whoever that is), or what else it started,
+    # then leaves an answer behind: killing them must not open a way around them.
+    source = PRELUDE + textwrap.dedent(kill) + textwrap.dedent(LEAVE["orphaned"]) + "os._exit(0)\n"
     result = await session.judge(Program(source=source), CASES, time_limit=20, parallel=4)
     accepted = [case.index for case in result.cases if case.verdict == Verdict.ACCEPTED]
     assert not accepted, result
+
+
+# What a program's processes try, to leave its process group or the tree below its main
+# process (where the end of the case could not reach them), and what each gets.
+LEAVING = textwrap.dedent("""\
+    import ctypes, errno, os, subprocess, threading
+    libc = ctypes.CDLL(None, use_errno=True)
+    def outcome(result):
+        return "ok" if result >= 0 else errno.errorcode[ctypes.get_errno()]
+    calls = {"x86_64": (56, 435), "aarch64": (220, 435)}[os.uname().machine]
+    tried = [
+        outcome(libc.setsid()),
+        outcome(libc.setpgid(0, 0)),
+        outcome(libc.prctl(36, 0, 0, 0, 0)),  # PR_SET_CHILD_SUBREAPER: unset
+        outcome(libc.syscall(calls[0], 0x8000 | 17, 0, 0, 0, 0)),  # clone: CLONE_PARENT
+        outcome(libc.syscall(calls[1], 0, 0)),  # clone3: its flags cannot be read
+    ]
+    # What programs do still works: fork, threads, subprocesses.
+    if os.fork() == 0:
+        os._exit(7)
+    tried.append(os.waitstatus_to_exitcode(os.wait()[1]))
+    thread = threading.Thread(target=lambda: tried.append("thread"))
+    thread.start()
+    thread.join()
+    tried.append(subprocess.run(["echo", "child"], capture_output=True, text=True).stdout.strip())
+    print(*tried)
+""")
+
+
+@pytest.mark.parametrize("language", ["python", "python-command"])
+async def test_what_a_program_starts_cannot_leave_its_process_group(
+    session: Session, language: str
+) -> None:
+    lang = "python" if language == "python" else PYTHON_COMMAND
+    expected = "EPERM EPERM EPERM EPERM ENOSYS 7 thread child\n"
+    result = await session.judge(
+        Program(source=LEAVING, language=lang), [TestCase(stdin="", expected=expected)]
+    )
+    assert result.verdict == Verdict.ACCEPTED, result.cases[0]
 
 
 @pytest.mark.parametrize("language", ["python", "python-command"])
@@ -203,7 +290,6 @@ async def test_what_holds_the_output_open_does_not_hold_the_answer(
         a, b = map(int, sys.stdin.read().split())
         print(a + b, flush=True)
         if os.fork() == 0:
-            os.setsid()
             time.sleep(60)
         os._exit(0)
     """)

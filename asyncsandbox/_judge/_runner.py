@@ -20,19 +20,20 @@ Each case runs in a fork of this process, in a session of its own, with its own 
 * ``"mode": "exec"``: the fork executes ``argv`` (a compiled program, an interpreter).
 
 **A case ends when its main process ends.** Before anything of the program runs, the
-fork installs the exit barrier (:mod:`asyncsandbox._barrier`) and hands its listener
-here, and becomes a child subreaper: what its descendants orphan stays below it. The
-program's main process is held at its exit system call until every other process of the
-case is dead (all below it; and any orphan that reached this process, which is the
-subreaper above every case, goes with the first case that ends), so nothing the program
-left behind can write after it ended, whatever it waits for (its parent to change, a
-parent-death signal). The exits of the case's other processes are held too (the filter
-cannot tell them apart): they are released before anything else is done, so that holding
-them never lengthens the program's life by more than a moment. The case's time limit counts
-from the program's own start (the barrier's arrival), and its output is what is in its
-pipes once it ended: the pipes are at their end then, since nothing else holds them.
-Where the kernel offers no barrier, the rest of the case is killed as soon as its main
-process is reaped, and the answers say so (``"barrier": false``).
+fork installs the exit barrier (:mod:`asyncsandbox._barrier`), sends its listener to the
+guard (:class:`barrier.Guard`, a process of ours beside this one that does nothing else),
+and becomes a child subreaper: what its descendants orphan stays below it. When the
+program's main process asks to exit, it is held there and the guard kills the case's
+process group, which nothing of the program can leave, so nothing the program left
+behind can write after it ended, whatever it waits for (its parent to change, a
+parent-death signal); the guard tells us the status it asked to exit with before the
+kill, and that is its status. The exits of the case's other processes are held too (the
+filter cannot tell them apart): the guard releases them at once. The case's time limit
+counts from the program's own start (the guard's word that its listener came), and its
+output is what is in its pipes once it ended: the pipes are at their end then, since
+nothing else holds them. Where the kernel offers no barrier, the rest of the case is
+killed as soon as its main process is reaped, and the answers say so (``"barrier":
+false``).
 
 Request, on stdin (read whole, with ``os.read``; ``sys.stdin`` is left to the cases): its
 length in decimal and a newline, then a dict in :mod:`marshal`'s format (built in: no
@@ -52,10 +53,11 @@ payload: it cannot end or forge an answer.
 What a case cannot do: write to this process's stdout (its descriptors other than its own
 three are closed before the program runs, and this process is not dumpable, so
 ``/proc/PPID/fd`` is closed to it), read the expected outputs (they never enter the
-sandbox), see its result altered (status from ``waitpid``, output from its own pipes),
-or escape the barrier (the kernel lets a filter chain hold one listener only: the case's
-processes cannot make one of their own). It can kill this process (same user): the
-answers then stop short of ``end``, and the host runs the cases without an answer again.
+sandbox), see its result altered (status from ``waitpid`` or its held exit's notice,
+output from its own pipes), or escape the barrier (the kernel lets a filter chain hold
+one listener only: the case's processes cannot make one of their own). It can kill this process or the guard (same
+user): the answers then stop short of ``end`` (this process ends when the guard does),
+and the host runs the cases without an answer again, each under a runner of its own.
 """
 
 from __future__ import annotations
@@ -66,7 +68,6 @@ import marshal
 import os
 import resource
 import select
-import struct
 import sys
 import time
 import types
@@ -310,7 +311,7 @@ def exit_status(code: object) -> int:
     return 1
 
 
-# -- the runner --------------------------------------------------------------------------
+# -- a case, as the runner sees it -------------------------------------------------------
 
 
 class Output:
@@ -325,9 +326,9 @@ class Case:
         self.spec = spec
         self.pid = 0
         self.started = self.deadline = self.ended = 0.0
-        self.listener: Any = None  # barrier.Listener, while the case runs
-        self.ending: Any = None  # the notice of its main process held at its exit, if any
-        self.held = False  # its main process was held at its exit
+        self.guarded = False  # its program runs behind the barrier (the guard said so)
+        self.held: int | None = None  # the status its main process asked to exit with
+        # (the guard held it at its exit, then killed the case)
         self.open: dict[int, Output] = {}  # its pipes not at their end yet
         self.outputs = {"stdout": Output(), "stderr": Output()}
         self.status: int | None = None
@@ -336,6 +337,13 @@ class Case:
 
     def done(self) -> bool:
         return self.status is not None and not self.open
+
+
+# -- the runner --------------------------------------------------------------------------
+
+
+class GuardGone(Exception):
+    """The guard died (a case killed it: same user): no case can be answered for now."""
 
 
 class Runner:
@@ -348,17 +356,41 @@ class Runner:
         self.me = os.getpid()
         self.running: dict[int, Case] = {}  # by the pid of its main process
         self.readers: dict[int, Case] = {}  # by the fd of one of its pipes
-        self.listeners: dict[int, Case] = {}  # by the fd of its barrier's listener
         self.outbox = bytearray()  # answers that stdout has not taken yet
         self.barrier = True  # every case so far had one
+        self.guard = 0
+        self.news: Any = None  # from the guard
+        self.handshakes: Any = None  # to the guard: each case's fork has it until it wrote
+        self.heard = bytearray()
+
+    def start_guard(self) -> None:
+        news, guards_news = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        handshakes, guards_handshakes = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+        pid = os.fork()
+        if pid == 0:
+            try:  # nothing of ours but its two sockets: the request, the answers
+                null = os.open(os.devnull, os.O_RDWR)
+                os.dup2(null, 0)
+                os.dup2(null, 1)
+                low, high = sorted((guards_handshakes.fileno(), guards_news.fileno()))
+                for start, stop in ((3, low), (low + 1, high), (high + 1, MAX_FD)):
+                    os.closerange(start, stop)
+                barrier.Guard(guards_handshakes, guards_news).run()
+            finally:
+                os._exit(1)
+        guards_news.close()
+        guards_handshakes.close()
+        news.setblocking(False)
+        self.guard, self.news, self.handshakes = pid, news, handshakes
 
     # -- starting a case --
 
     def start(self, case: Case) -> None:
+        """Fork the case. Its program starts once its fork has handed the guard its
+        listener (the guard's news says when); its time counts from the fork until then."""
         stdin = case_stdin(self.inputs, *case.spec["stdin"])
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
         pid = os.fork()
         if pid == 0:
             try:
@@ -368,14 +400,12 @@ class Runner:
                 os.dup2(stdin, 0)
                 os.dup2(out_w, 1)
                 os.dup2(err_w, 2)
-                ours.close()
-                hand_over_barrier(theirs)
+                barrier.hand_over(self.handshakes)
                 barrier.prctl(PR_SET_CHILD_SUBREAPER, 1)  # what it orphans stays below it
                 os.closerange(3, MAX_FD)  # ours: the request, the other cases' pipes
             except BaseException:  # noqa: BLE001
                 os._exit(125)
             self.program.become(case.spec["memory_kb"])
-        theirs.close()
         for fd in (stdin, out_w, err_w):
             os.close(fd)
         for fd in (out_r, err_r):
@@ -383,110 +413,107 @@ class Runner:
         case.pid = pid
         case.open = {out_r: case.outputs["stdout"], err_r: case.outputs["stderr"]}
         self.readers.update((fd, case) for fd in case.open)
-        listener, said = receive_barrier(ours)
-        ours.close()
-        # The program starts now: its time counts from here, not from the fork.
         case.started = time.monotonic()
         case.deadline = case.started + case.spec["time_limit"]
-        if listener is not None:
-            case.listener = barrier.Listener(listener)
-            self.listeners[listener] = case
-        elif said:  # the kernel has none (else the fork died before it could say)
-            self.barrier = False
         self.running[pid] = case
+
+    def hear(self) -> None:
+        """What the guard said since last time."""
+        while True:
+            try:
+                chunk = self.news.recv(1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                raise GuardGone
+            self.heard += chunk
+        whole = len(self.heard) - len(self.heard) % barrier.NEWS.size
+        for offset in range(0, whole, barrier.NEWS.size):
+            what, pid, when, status = barrier.NEWS.unpack_from(self.heard, offset)
+            case = self.running.get(pid)
+            if case is None or case.status is not None:  # killed before its news came
+                continue
+            if what == barrier.STARTED:  # its program starts now: its time counts from here
+                case.guarded = True
+                case.started = when
+                case.deadline = when + case.spec["time_limit"]
+            elif what == barrier.ENDED:
+                case.held = status
+                case.ended = when
+            else:
+                self.barrier = False
+        del self.heard[:whole]
 
     # -- ending a case --
 
     def rest_of(self, case: Case, table: dict[int, int]) -> set[int]:
-        """Every live process of ``case`` but its main one: its descendants (its orphans
-        among them: it is their subreaper), and any orphan that reached us (one whose
-        case's main process unset its subreaper, or died by a signal: nobody can tell its
-        case, so it goes with the first case that ends)."""
+        """Every live process of ``case`` but its main one: its descendants, and any
+        orphan that reached us (its case's main process died by a signal, so nothing the
+        orphan writes can earn a verdict; nobody can tell its case, so it goes with the
+        first case that ends)."""
         unknown = {
-            pid for pid, ppid in table.items() if ppid == self.me and pid not in self.running
+            pid
+            for pid, ppid in table.items()
+            if ppid == self.me and pid not in self.running and pid != self.guard
         }
         roots = {case.pid} | unknown
         found = barrier.descendants(roots, table) | unknown
         found.discard(case.pid)
         return found
 
-    def kill_rest(self, case: Case) -> None:
-        barrier.kill(lambda table: self.rest_of(case, table), meanwhile=self.release_others)
-
-    def release_others(self) -> None:
-        """Release every exit held now that is not a case's end (each one held keeps a
-        process, and whoever waits for it, alive); note the ends, handled by the loop."""
-        if not self.listeners:
-            return
-        poller = select.poll()
-        for fd in self.listeners:
-            poller.register(fd, select.POLLIN)
-        for fd, _ in poller.poll(0):
-            case = self.listeners[fd]
-            if case.ending is None:
-                self.on_exit(case, ends_later=True)
-
     def kill(self, case: Case) -> None:
-        """Kill the whole case (its time or output limit is reached)."""
-        try:
-            os.kill(case.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        self.kill_rest(case)
-
-    def on_exit(self, case: Case, ends_later: bool = False) -> None:
-        """A process of ``case`` is held at its exit: release it, unless it is the case's
-        end (its main process's last thread): then kill the rest of the case first (or,
-        with ``ends_later``, keep it held for the loop to end the case)."""
-        notice = case.ending or case.listener.receive()
-        case.ending = None
-        if notice is None:
-            return
-        if notice.pid != case.pid:
-            case.listener.release(notice)  # at once: see the module docstring
-            return
-        if notice.group or barrier.threads(case.pid) <= 1:
-            if ends_later:
-                case.ending = notice
-                return
-            case.held = True
-            case.ended = time.monotonic()
-            self.kill_rest(case)  # the program has not ended yet: nothing of it writes after
-            case.listener.release(notice)
-            # Nothing of the case is left to hold (what was killed exits without asking):
-            # its listener is no longer polled (it would be readable until the reaping).
-            self.listeners.pop(case.listener.fileno(), None)
-            return
-        # One thread of several: the program goes on. Wait until the thread is gone, so
-        # that the next thread's exit sees the true number of threads left.
-        case.listener.release(notice)
-        deadline = time.monotonic() + GRACE
-        while barrier.thread_alive(case.pid, notice.tid) and time.monotonic() < deadline:
-            time.sleep(0.0001)
+        """Kill the whole case (its time or output limit is reached, or its main process
+        was reaped): its process group, which nothing of it can leave behind the barrier
+        (the group outlives its leader while a process is in it, so it cannot be another
+        case's); without the barrier, every process below it too (:meth:`rest_of`)."""
+        for kill, pid in ((os.kill, case.pid), (os.killpg, case.pid)):
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if not case.guarded:
+            barrier.kill(lambda table: self.rest_of(case, table))
 
     def reaped(self, pid: int, status: int, usage: Any) -> None:
+        if pid == self.guard:
+            raise GuardGone
         case = self.running.get(pid)
         if case is None:  # an orphan that reached us (killed with a case's end)
             return
+        self.hear()  # the guard told us of its end before it let the exit go
         if not case.ended:
             case.ended = time.monotonic()
-        if case.listener is not None:
-            if not case.held and os.WIFEXITED(status):
-                # It ended with a status of its own without passing the barrier: hidden
-                # from it, it is reported killed as seccomp would have killed it.
-                status = barrier.HIDDEN_EXIT
-            self.listeners.pop(case.listener.fileno(), None)
-            case.listener.close()
-            case.listener = None
+        if case.held is not None:  # killed by the guard, held at its exit
+            status = (case.held & 0xFF) << 8  # as if it had exited so
+        elif case.guarded and os.WIFEXITED(status):
+            # It ended with a status of its own without passing the barrier: hidden from
+            # it, it is reported killed as seccomp would have killed it.
+            status = barrier.HIDDEN_EXIT
         case.status = status
         case.cpu = usage.ru_utime + usage.ru_stime
-        self.kill_rest(case)  # with the barrier, there is nothing left: without, now
+        self.kill(case)  # what it left, if it was not killed with it
 
     # -- the loop --
 
     def run(self) -> None:
+        try:
+            self.loop()
+        except GuardGone:
+            # Nothing can be answered for: what was answered stays, the rest run again,
+            # each under a runner of its own (the host's doing), and none ends here.
+            for case in self.running.values():
+                self.kill(case)
+            os.set_blocking(1, True)
+            write_all(1, self.outbox)
+            os.write(2, b"the judge's guard died\n")
+            os._exit(1)
+        self.news.close()  # the guard's end
+        os.waitpid(self.guard, 0)
+
+    def loop(self) -> None:
         request = self.request
         limit = request["output_limit"]
+        self.start_guard()
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -510,22 +537,16 @@ class Runner:
             poller.register(wake_r, select.POLLIN)
             if self.outbox:
                 poller.register(1, select.POLLOUT)
-            for fd in (*self.readers, *self.listeners):
+            for fd in (*self.readers, self.news.fileno()):
                 poller.register(fd, select.POLLIN)
             try:
-                ending = any(case.ending is not None for case in self.running.values())
-                ready = poller.poll(0 if ending else max(0.0, wake - now) * 1000)
+                ready = poller.poll(max(0.0, wake - now) * 1000)
             except InterruptedError:
                 ready = []
-            # Held exits first (each keeps a program alive), the ends noted meanwhile too.
             for fd, _ in ready:
-                if fd in self.listeners:
-                    self.on_exit(self.listeners[fd])
-            for case in list(self.running.values()):
-                if case.ending is not None:
-                    self.on_exit(case)
-            for fd, _ in ready:
-                if fd == 1:
+                if fd == self.news.fileno():
+                    self.hear()
+                elif fd == 1:
                     self.flush()
                 elif fd == wake_r:
                     drain(wake_r)
@@ -592,35 +613,13 @@ class Runner:
             "timed_out": case.timed_out,
             "seconds": case.ended - case.started,
             "cpu_seconds": case.cpu,
-            "barrier": case.held or not os.WIFEXITED(status),
+            "barrier": case.held is not None or not os.WIFEXITED(status),
             "stdout": len(out.data),
             "stderr": len(err.data),
             "stdout_truncated": out.truncated,
             "stderr_truncated": err.truncated,
         }
         return json_line(meta) + out.data + err.data
-
-
-def hand_over_barrier(sock: Any) -> None:
-    """In a case's fork: install the exit barrier, and send its listener to the runner
-    (or, where the kernel has none, why not)."""
-    try:
-        fd = barrier.install()
-    except OSError as exc:
-        sock.sendall(("!%s" % exc).encode(errors="replace")[:500])
-        return
-    sock.sendmsg([b"L"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack("i", fd))])
-    os.close(fd)
-
-
-def receive_barrier(sock: Any) -> tuple[int | None, bytes]:
-    """The listener a case's fork sent, or None and why not (empty: the fork died)."""
-    said, ancillary, _, _ = sock.recvmsg(512, _socket.CMSG_SPACE(4))
-    for level, kind, payload in ancillary:
-        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS and len(payload) >= 4:
-            fd: int = struct.unpack("i", payload[:4])[0]
-            return fd, said
-    return None, said
 
 
 def drain(fd: int) -> None:
