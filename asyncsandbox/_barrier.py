@@ -462,14 +462,17 @@ def kill(
 
 # -- the guard: the supervisor of many commands ----------------------------------------
 
-STARTED, UNGUARDED, ENDED = b"s", b"u", b"e"
+STARTED, UNGUARDED, ENDED, DONE = b"s", b"u", b"e", b"d"
 NEWS = struct.Struct("=cidi")
 """What the guard tells the runner: (what, the pid of a case's main process, when, the
 status it asked to exit with). ``STARTED``: its program starts now, behind the barrier;
 ``UNGUARDED``: the kernel has no barrier for it; ``ENDED``: its main process asked to
 exit, and the case is killed now (said before the kill, so the runner hears it before it
-reaps)."""
-HANDSHAKE = struct.Struct("=ic")  # a case's fork to the guard: its pid, then L or !
+reaps); ``DONE``: the guard read the runner's ``FINISH`` and ends (it said all it had to)."""
+HANDSHAKE = struct.Struct("=ic")
+"""A case's fork to the guard: its pid, then ``L`` (with the listener) or ``!`` (and why
+it has none); or the runner's ``FINISH`` (pid 0), once every case ended."""
+FINISH = b"F"
 THREAD_GRACE = 1.0  # seconds a thread that was let go may take to be gone
 
 
@@ -541,7 +544,10 @@ class Guard:
                 for level, what, payload in ancillary
                 if level == _socket.SOL_SOCKET and what == _socket.SCM_RIGHTS
             ]
-            if kind == b"L" and fds:
+            if kind == FINISH:  # after every case's word: nothing is left unsaid
+                self.tell(DONE, 0)
+                os._exit(0)
+            elif kind == b"L" and fds:
                 self.cases[fds[0]] = Guarded(pid, Listener(fds[0]))
                 self.tell(STARTED, pid)
             else:

@@ -22,15 +22,17 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 # the default run (tests/test_session.py, tests/test_conformance.py's fake backend); these
 # modules' trio runs repeat their asyncio runs on the same real components, so they are
 # part of the slow suite (`uv run pytest -m slow`, run once in CI) rather than the default.
-TRIO_RUNS_ARE_SLOW = {
-    "test_conformance.py",  # but its fake backend's trio runs stay in the default run
-    "test_e2b_backend.py",
-    "test_gvisor.py",
-    "test_inspect.py",
-    "test_interpreter.py",
-    "test_judge_integrity.py",
-    "test_remote.py",
-}
+# By name, and every module whose name starts so (a module split by subject keeps its
+# family's name: test_remote_files.py is test_remote's).
+TRIO_RUNS_ARE_SLOW = (
+    "test_conformance",  # but its fake backend's trio runs stay in the default run
+    "test_e2b_backend",
+    "test_gvisor",
+    "test_inspect",
+    "test_interpreter",
+    "test_judge_integrity",
+    "test_remote",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,7 +41,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if (
             callspec is not None
             and callspec.params.get("anyio_backend") == "trio"
-            and item.path.name in TRIO_RUNS_ARE_SLOW
+            and item.path.stem.startswith(TRIO_RUNS_ARE_SLOW)
             and "fake" not in callspec.id.split("-")
         ):
             item.add_marker(pytest.mark.slow)

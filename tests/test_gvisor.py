@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
+from structlog.testing import capture_logs
 
 from asyncsandbox import (
     BackendUnavailable,
@@ -28,6 +29,7 @@ from asyncsandbox import (
     Session,
 )
 from asyncsandbox._process import ProcessBackend, _select
+from asyncsandbox.judge import Program, TestCase, Verdict
 
 from ._support import FORK_UNTIL_REFUSED, gvisor_unavailable, new_process_root, unique_marker
 
@@ -218,6 +220,28 @@ async def test_snapshots_and_recycling(root: Path) -> None:
             left = await sb.exec(["sh", "-c", "cat /workspace/d /dev/shm/e 2>/dev/null || true"])
             assert sb.id == first
         assert left.stdout == b""
+
+
+async def test_the_judge_runs_without_its_barrier(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gVisor's kernel has neither seccomp user notifications nor child subreapers: the
+    judge's runner runs every case all the same (it once gave up at its first prctl, every
+    case a runtime error), with the weaker end of a plain exec, and says so."""
+    if reason := gvisor_unavailable():
+        pytest.skip(reason)
+    cases = [TestCase(stdin=f"{n} {n + 1}\n", expected=f"{2 * n + 1}\n") for n in range(4)]
+    adds = "a, b = map(int, input().split())\nprint(a + b)\n"
+    monkeypatch.setattr("asyncsandbox._judge._cases._warned", set())  # warned once a process
+    with capture_logs() as logs:
+        async with session(root) as s:
+            right = await s.judge(Program(source=adds), cases, parallel=2)
+            failing = await s.judge(Program(source="import os\nos._exit(3)\n"), cases[:2])
+    assert right.verdict == Verdict.ACCEPTED, right
+    assert [(c.verdict, c.returncode) for c in failing.cases] == [(Verdict.RUNTIME_ERROR, 3)] * 2
+    events = [log["event"] for log in logs]
+    assert "judge.barrier.unavailable" in events, logs
+    assert "judge.runner_gave_up" not in events, logs
 
 
 async def test_without_runsc_the_error_names_the_package(

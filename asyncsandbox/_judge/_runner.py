@@ -142,6 +142,8 @@ a case ran, its exit status (126, 127, 125...) is the program's own."""
 GRACE = 1.0
 """Seconds a case's pipes may stay open after it ended (a process the kernel held in an
 uninterruptible wait, past the barrier's kill): its output is then what it wrote by then."""
+GUARD_FINISH = 10.0
+"""Seconds the guard may take, once every case ended, to say the last it has to say."""
 
 
 def read_request() -> tuple[dict[str, Any], int]:
@@ -362,6 +364,7 @@ class Runner:
         self.news: Any = None  # from the guard
         self.handshakes: Any = None  # to the guard: each case's fork has it until it wrote
         self.heard = bytearray()
+        self.guard_done = False
 
     def start_guard(self) -> None:
         news, guards_news = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -401,7 +404,7 @@ class Runner:
                 os.dup2(out_w, 1)
                 os.dup2(err_w, 2)
                 barrier.hand_over(self.handshakes)
-                barrier.prctl(PR_SET_CHILD_SUBREAPER, 1)  # what it orphans stays below it
+                subreaper()  # what it orphans stays below it
                 os.closerange(3, MAX_FD)  # ours: the request, the other cases' pipes
             except BaseException:  # noqa: BLE001
                 os._exit(125)
@@ -427,22 +430,44 @@ class Runner:
             if not chunk:
                 raise GuardGone
             self.heard += chunk
+        self.hear_buffered()
+
+    def hear_buffered(self) -> None:
         whole = len(self.heard) - len(self.heard) % barrier.NEWS.size
         for offset in range(0, whole, barrier.NEWS.size):
             what, pid, when, status = barrier.NEWS.unpack_from(self.heard, offset)
             case = self.running.get(pid)
-            if case is None or case.status is not None:  # killed before its news came
+            if what == barrier.UNGUARDED:  # whenever it comes: a case ran without one
+                self.barrier = False
+            elif what == barrier.DONE:
+                self.guard_done = True
+            elif case is None or case.status is not None:  # killed before its news came
                 continue
-            if what == barrier.STARTED:  # its program starts now: its time counts from here
+            elif what == barrier.STARTED:  # its program starts now: its time counts from here
                 case.guarded = True
                 case.started = when
                 case.deadline = when + case.spec["time_limit"]
             elif what == barrier.ENDED:
                 case.held = status
                 case.ended = when
-            else:
-                self.barrier = False
         del self.heard[:whole]
+
+    def finish_guard(self) -> None:
+        """Every case ended: hear all the guard has to say (a case's word may reach it
+        last: its fork wrote first, but the guard runs when it runs), and let it end."""
+        self.handshakes.send(barrier.HANDSHAKE.pack(0, barrier.FINISH))
+        self.news.setblocking(True)
+        self.news.settimeout(GUARD_FINISH)
+        try:
+            while not self.guard_done:
+                chunk = self.news.recv(1 << 16)
+                if not chunk:
+                    raise GuardGone
+                self.heard += chunk
+                self.hear_buffered()
+        except OSError:  # its time out: it is stuck (or stopped): say so
+            raise GuardGone from None
+        os.waitpid(self.guard, 0)
 
     # -- ending a case --
 
@@ -507,8 +532,6 @@ class Runner:
             write_all(1, self.outbox)
             os.write(2, b"the judge's guard died\n")
             os._exit(1)
-        self.news.close()  # the guard's end
-        os.waitpid(self.guard, 0)
 
     def loop(self) -> None:
         request = self.request
@@ -572,6 +595,7 @@ class Runner:
                     del self.running[case.pid]
                     self.outbox += self.answer(case)
                     self.flush()  # now: a case started next may kill us before the poll
+        self.finish_guard()
         os.set_blocking(1, True)
         end = {"end": True, "barrier": self.barrier}
         write_all(1, self.outbox + json_line(end))
@@ -622,6 +646,16 @@ class Runner:
         return json_line(meta) + out.data + err.data
 
 
+def subreaper() -> None:
+    """Become a child subreaper where the kernel can (gVisor's cannot: there a case's
+    orphans go to the sandbox's init, and its process group, which the kill reaches all
+    the same, is what holds them)."""
+    try:
+        barrier.prctl(PR_SET_CHILD_SUBREAPER, 1)
+    except OSError:
+        pass
+
+
 def drain(fd: int) -> None:
     try:
         while os.read(fd, 512):
@@ -642,7 +676,7 @@ def launchable(name: str) -> bool:
 
 def main() -> None:
     barrier.prctl(PR_SET_DUMPABLE, 0)  # first: before anything of ours can be read through /proc
-    barrier.prctl(PR_SET_CHILD_SUBREAPER, 1)  # what a case orphans comes to us, to be killed
+    subreaper()  # what a case orphans comes to us, to be killed
     request, inputs = read_request()
     argv = request.get("argv")
     why = None  # before any case: nothing of the program ran yet
