@@ -106,7 +106,7 @@ ci_deselect "a default JavaScript context in list_code_contexts (another languag
     async/test_async_contexts.py::test_list_contexts_secure_traffic
 ci_deselect "E2B's template internals: its Jupyter and uvicorn servers as systemd services \
 inside the sandbox (curl to port 49999 from inside, kill as root); asyncsandbox's interpreter \
-is served from outside, and its restart is tested by tests/test_interpreter.py" \
+is served from outside, and its restart is tested by tests/test_interpreter_interrupts.py" \
     sync/test_systemd.py async/test_async_systemd.py
 CI_EXPECTED=(
     # a context in /root: the sandbox's user may not enter it (a clear 400, as the SDK's error)

@@ -1,5 +1,5 @@
 """Fixtures every test module may use. Helpers shared between modules live in
-tests/_support.py."""
+tests/_support/."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 # Modules whose tests drive real sandboxes (processes and namespaces, Docker, a server) on
 # both loops. The fake backend proves every semantic of the runtime on asyncio and trio in
-# the default run (tests/test_session.py, tests/test_conformance.py's fake backend); these
+# the default run (tests/test_session_*.py, tests/test_conformance.py's fake backend); these
 # modules' trio runs repeat their asyncio runs on the same real components, so they are
 # part of the slow suite (`uv run pytest -m slow`, run once in CI) rather than the default.
 # By name, and every module whose name starts so (a module split by subject keeps its

@@ -89,7 +89,7 @@ def test_seed_block(block: str, process_root: Path, tmp_path: Path) -> None:
         if not k.startswith(("WANDB_", "SLURM_", "ASYNCSANDBOX_BACKEND"))
     }
     env.update(ASYNCSANDBOX_PROCESS_ROOT=str(process_root), SEED_RUNNER_TMP=str(tmp_path))
-    # The runner is a module of the tests package (it shares tests/_support.py).
+    # The runner is a module of the tests package (it shares tests/_support/).
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     done = subprocess.run(
         [sys.executable, "-m", "tests.seed_runner", seed, name],

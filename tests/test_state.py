@@ -39,7 +39,7 @@ pytestmark = pytest.mark.anyio
 
 
 # Real sandboxes, on asyncio: the runtime's policy is proven on both loops on the fake
-# backend (test_session.py), and the process backend on trio by the conformance suite
+# backend (tests/test_session_*.py), and the process backend on trio by the conformance suite
 # (test_conformance.py). A test about one loop says which (its parametrization wins).
 @pytest.fixture
 def anyio_backend() -> str:

@@ -50,10 +50,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ),
     ("backends/docker/asyncsandbox_docker/_engine.py", "docker._query_json"): (
         "aiodocker's JSON call without its own error handling; listed in PRIVATE_API and "
-        "checked against the installed aiodocker by tests/test_docker.py"
+        "checked against the installed aiodocker by tests/test_docker_engine.py"
     ),
     ("backends/docker/asyncsandbox_docker/_engine.py", "docker._do_query"): (
-        "aiodocker's streaming call (PRIVATE_API, checked by tests/test_docker.py)"
+        "aiodocker's streaming call (PRIVATE_API, checked by tests/test_docker_engine.py)"
     ),
     ("bench/_peers.py", "connector._limit"): (
         "the raw-aiodocker baseline lifts the connection limit of the connector aiodocker "
@@ -61,7 +61,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ),
     ("backends/docker/asyncsandbox_docker/_engine.py", "connector._limit"): (
         "the pool size of a connector aiodocker built from TLS or SSH settings "
-        "(PRIVATE_API, checked by tests/test_docker.py)"
+        "(PRIVATE_API, checked by tests/test_docker_engine.py)"
     ),
 }
 

@@ -1,5 +1,7 @@
 """The test suite's own rules, checked on its source: no test synchronises by sleeping, no
-test module imports another, and the shared helpers exist once (in tests/_support.py)."""
+test module imports another or runs past 700 lines (a family of modules split by subject
+shares its fixtures through tests/_<family>_support.py), and the helpers shared across
+families exist once (in tests/_support/)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
-SUPPORT = TESTS / "_support.py"
+SUPPORT = TESTS / "_support"  # a package: a module per subject
 DATA = {"seed_blocks"}  # the guides' code, kept as they wrote it: not ours
 
 # The sleeps that are the behaviour under test, not a wait for another task or process:
@@ -16,20 +18,20 @@ DATA = {"seed_blocks"}  # the guides' code, kept as they wrote it: not ours
 # below; wait for an event, for anyio.wait_all_tasks_blocked(), or poll a condition under a
 # deadline with _support.eventually()/eventually_async().
 SLEEPS_UNDER_TEST = {
-    ("_support.py", "eventually", "time.sleep(POLL_INTERVAL)"): (
+    ("_support/_waiting.py", "eventually", "time.sleep(POLL_INTERVAL)"): (
         "the poll interval of a condition under a deadline (what another process does "
         "cannot be awaited)"
     ),
-    ("_support.py", "eventually_async", "anyio.sleep(POLL_INTERVAL)"): (
+    ("_support/_waiting.py", "eventually_async", "anyio.sleep(POLL_INTERVAL)"): (
         "the poll interval of a condition under a deadline"
     ),
-    ("_support.py", "watch", "anyio.sleep(every)"): (
+    ("_support/_waiting.py", "watch", "anyio.sleep(every)"): (
         "an observer's sampling interval, until cancelled: it waits for nothing"
     ),
-    ("test_docker.py", "test_executor_releases_every_job_and_idles", "anyio.sleep(1.0)"): (
+    ("test_docker_exec.py", "test_executor_releases_every_job_and_idles", "anyio.sleep(1.0)"): (
         "the window over which an idle executor's CPU time is measured"
     ),
-    ("test_docker.py", "test_a_slow_reader_is_not_a_stalled_executor", "anyio.sleep(5)"): (
+    ("test_docker_exec.py", "test_a_slow_reader_is_not_a_stalled_executor", "anyio.sleep(5)"): (
         "past the 2 s call deadline, which must not fire: a deadline that does not fire is "
         "shown by waiting past it"
     ),
@@ -140,7 +142,7 @@ def imported_modules(path: Path, source: str | None = None) -> Iterator[tuple[in
 
 
 def test_no_test_module_imports_another() -> None:
-    """Shared helpers live in tests/_support.py; a test module (or a conftest) is never
+    """Shared helpers live in tests/_support/; a test module (or a conftest) is never
     imported by another module of the suite."""
     offenders = []
     for path in suite_files():
@@ -169,19 +171,33 @@ def test_the_import_check_sees_relative_and_absolute_imports() -> None:
 
 
 def test_shared_helpers_are_defined_once() -> None:
-    """The functions tests/_support.py defines are not defined again in a test module
-    (there were three eventually() and three processes_with())."""
-    support = ast.parse(SUPPORT.read_text())
+    """The functions the tests/_support package defines are not defined again in a test
+    module (there were three eventually() and three processes_with())."""
+    support = [path for path in suite_files() if SUPPORT in path.parents]
     shared = {
         node.name
-        for node in support.body
+        for path in support
+        for node in ast.parse(path.read_text(), str(path)).body
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
     }
     again = [
         f"{path.relative_to(TESTS)}:{node.lineno} defines {node.name}"
         for path in suite_files()
-        if path != SUPPORT
+        if path not in support
         for node in ast.parse(path.read_text(), str(path)).body
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in shared
     ]
     assert not again, "\n".join(again)
+
+
+MAX_LINES = 700  # as the package's modules (tests/test_structure.py)
+
+
+def test_no_test_module_too_long() -> None:
+    long = [
+        f"{path.relative_to(TESTS)}: {lines} lines"
+        for path in sorted(TESTS.rglob("*.py"))
+        if not DATA & set(path.relative_to(TESTS).parts)
+        and (lines := path.read_text().count("\n")) > MAX_LINES
+    ]
+    assert long == []

@@ -3,7 +3,7 @@ sandboxes, a slow / wedged / restarting Docker daemon (through the fault-injecti
 ``_proxy``, never the shared daemon itself), a nearly full disk. In-flight operations end
 with typed errors within their deadlines; nothing hangs; nothing is left behind.
 
-The real daemon restart is test_docker.py::test_daemon_restart_mid_run_fails_in_flight_work
+The real daemon restart is test_docker_engine.py::test_daemon_restart_mid_run_fails_in_flight_work
 _with_typed_errors (behind ASYNCSANDBOX_TEST_DOCKER_RESTART=1: the daemon is shared)."""
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 its timeout plus a small bound, nothing it started outlives it, and the sandbox is still
 usable afterwards (or reported dead) — never a hang.
 
-The fork bomb and the memory hog under default limits live in test_process.py and
-test_docker.py; here they run on every backend, next to the rest of the zoo, and on
+The fork bomb and the memory hog under default limits live in test_process_limits.py and
+test_docker_containers.py; here they run on every backend, next to the rest of the zoo, and on
 gVisor (the process backend's gvisor mechanism, Docker with runsc), where the sandbox's
 processes are its own kernel's: what still runs in a sandbox is asked of its ``/proc``,
 and what outlived it is any host process of its gVisor sandbox."""

@@ -331,7 +331,7 @@ class Body:
 # ``container.attach()`` and ``Exec.start()`` without a tty inspect first). The archive,
 # events and pull endpoints are streamed as they come: the public ``get_archive`` holds a
 # whole archive in memory, ``put_archive`` labels a tar body JSON, ``events`` runs a task
-# of its own, and ``pull`` reports failures in its own way. tests/test_docker.py checks
+# of its own, and ``pull`` reports failures in its own way. tests/test_docker_engine.py checks
 # that the installed versions still have each of these.
 
 PRIVATE_API: tuple[tuple[type[Any], str, tuple[str, ...]], ...] = (

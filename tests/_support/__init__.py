@@ -1,0 +1,144 @@
+"""What the test modules share: waiting for a condition, the host's processes, the process
+backend's roots and mechanisms, the Docker engine and what Docker's test modules share, a
+real ``asyncsandbox serve``, the episodes that recycling must leave nothing of, the torture
+suite's targets, and what the agent tools' test modules share.
+
+The one place for helpers used by more than one test module (test modules never import
+each other: tests/test_suite_hygiene.py checks it): a module of this package per subject,
+every name re-exported here, so that a test imports ``from ._support import X``. Fixtures
+every test module may use stay in ``conftest.py``; those of one family of modules (Docker's,
+the tools') live here beside its helpers, and each module of the family binds them by name.
+
+Waiting: a test never sleeps to let another task or process get somewhere. It waits for
+an event, for ``anyio.wait_all_tasks_blocked()``, or for a condition it can observe, polled
+under a deadline with :func:`eventually` (blocking callers) or :func:`eventually_async`.
+"""
+
+from ._docker import (
+    DOCKER_INFO_DEADLINE as DOCKER_INFO_DEADLINE,
+    docker_anyio_backend as docker_anyio_backend,
+    docker_backend as docker_backend,
+    docker_containers as docker_containers,
+    docker_daemon_still_answers as docker_daemon_still_answers,
+    docker_pids_squeezed as docker_pids_squeezed,
+    docker_problem as docker_problem,
+    docker_session as docker_session,
+    docker_test_image as docker_test_image,
+    require_docker as require_docker,
+    require_runsc_runtime as require_runsc_runtime,
+    unique_tag as unique_tag,
+)
+from ._host import (
+    processes_gone as processes_gone,
+    processes_with as processes_with,
+    running as running,
+    unique_marker as unique_marker,
+)
+from ._process import (
+    PROCESS_MECHANISMS as PROCESS_MECHANISMS,
+    default_process_mechanism as default_process_mechanism,
+    gvisor_unavailable as gvisor_unavailable,
+    kill_process_sandbox_processes as kill_process_sandbox_processes,
+    mechanism_unavailable as mechanism_unavailable,
+    new_process_root as new_process_root,
+    process_launch_failure as process_launch_failure,
+    process_launcher_broken as process_launcher_broken,
+    process_options as process_options,
+    sandbox_dirs as sandbox_dirs,
+)
+from ._recycling import (
+    LOOK as LOOK,
+    a_recycled_sandbox_is_fresh as a_recycled_sandbox_is_fresh,
+    episodes_leave_nothing as episodes_leave_nothing,
+    look as look,
+    plant as plant,
+    pool_ready as pool_ready,
+)
+from ._server import (
+    ALICE as ALICE,
+    BOB as BOB,
+    Server as Server,
+    TcpProxy as TcpProxy,
+    tcp_proxy as tcp_proxy,
+)
+from ._tools import (
+    edit as edit,
+    model_error as model_error,
+    ok as ok,
+    process_toolbox as process_toolbox,
+    tools_generate_tests as tools_generate_tests,
+)
+from ._torture import (
+    BOUND as BOUND,
+    CANARY_SECRET as CANARY_SECRET,
+    FORK_UNTIL_REFUSED as FORK_UNTIL_REFUSED,
+    Target as Target,
+)
+from ._waiting import (
+    POLL_INTERVAL as POLL_INTERVAL,
+    eventually as eventually,
+    eventually_async as eventually_async,
+    watch as watch,
+)
+
+__all__ = (
+    # waiting for a condition
+    "POLL_INTERVAL",
+    "eventually",
+    "eventually_async",
+    "watch",
+    # the host's processes
+    "unique_marker",
+    "processes_with",
+    "running",
+    "processes_gone",
+    # the process backend
+    "new_process_root",
+    "sandbox_dirs",
+    "PROCESS_MECHANISMS",
+    "process_options",
+    "default_process_mechanism",
+    "mechanism_unavailable",
+    "gvisor_unavailable",
+    "process_launcher_broken",
+    "kill_process_sandbox_processes",
+    "process_launch_failure",
+    # Docker
+    "DOCKER_INFO_DEADLINE",
+    "docker_problem",
+    "require_docker",
+    "require_runsc_runtime",
+    "docker_test_image",
+    "docker_pids_squeezed",
+    "docker_backend",
+    # Docker's test modules (tests/test_docker_*.py)
+    "docker_session",
+    "docker_containers",
+    "unique_tag",
+    "docker_anyio_backend",
+    "docker_daemon_still_answers",
+    # a real server
+    "ALICE",
+    "BOB",
+    "Server",
+    "TcpProxy",
+    "tcp_proxy",
+    # recycling
+    "plant",
+    "LOOK",
+    "look",
+    "pool_ready",
+    "a_recycled_sandbox_is_fresh",
+    "episodes_leave_nothing",
+    # the torture suite's targets
+    "BOUND",
+    "CANARY_SECRET",
+    "Target",
+    "FORK_UNTIL_REFUSED",
+    # the agent tools' test modules (tests/test_tools_*.py)
+    "tools_generate_tests",
+    "process_toolbox",
+    "ok",
+    "model_error",
+    "edit",
+)

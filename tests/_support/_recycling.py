@@ -1,0 +1,123 @@
+"""Recycling: what an episode leaves (it plants state in every writable place it reaches),
+what a fresh sandbox looks like, and the checks of a recycling session: a recycled sandbox
+is indistinguishable from a fresh one, and episodes hand over no state."""
+
+from __future__ import annotations
+
+import textwrap
+
+import anyio
+
+from asyncsandbox import Sandbox, Session
+
+from ._host import processes_gone, unique_marker
+from ._waiting import eventually_async
+
+
+def plant(marker: str) -> str:
+    """A script that leaves something in every writable place an episode reaches: files
+    (workdir, /tmp, /dev/shm, the home's dotfiles and what `pip install --user` writes),
+    processes (a daemon in its own session, a cron-like loop appending to a file whose
+    command line carries ``marker``, one ignoring SIGTERM), IPC objects (a System V message
+    queue and semaphore, POSIX shared memory), and the environment later commands start
+    with (a login shell's profile)."""
+    return textwrap.dedent(
+        r"""
+        set -e
+        echo planted > /workspace/planted
+        mkdir -p /workspace/deep/er && echo x > /workspace/deep/er/file
+        echo planted > /tmp/planted
+        echo planted > /dev/shm/planted 2>/dev/null || true
+        echo 'export PLANTED=1' >> ~/.profile
+        echo 'export PLANTED=1' >> ~/.bashrc
+        mkdir -p ~/.local/lib/python3/site-packages && echo 'x = 1' > ~/.local/lib/python3/site-packages/planted.py
+        setsid sh -c 'while :; do date +%s%N >> /tmp/loop; sleep 0.05; done' MARKER </dev/null >/dev/null 2>&1 &
+        (trap '' TERM HUP; exec sleep 1001) </dev/null >/dev/null 2>&1 &
+        nohup sleep 1002 </dev/null >/dev/null 2>&1 &
+        python3 - <<'PY'
+        import os, sys
+        try:
+            from multiprocessing import shared_memory
+            shared_memory.SharedMemory(name="planted", create=True, size=4096).close()
+        except Exception as exc:
+            print("no posix shm:", exc, file=sys.stderr)
+        PY
+        if command -v ipcmk >/dev/null; then ipcmk -Q >/dev/null; ipcmk -S 1 >/dev/null; fi
+        echo done
+        """
+    ).replace("MARKER", f"loop-{marker}")
+
+
+LOOK = textwrap.dedent(
+    r"""
+    echo "files: $(find /workspace /tmp ~ -mindepth 1 2>/dev/null | sort | tr '\n' ' ')"
+    echo "shm: $(ls -A /dev/shm 2>/dev/null | tr '\n' ' ')"
+    echo "processes: $(ps -eo args= 2>/dev/null | grep -c -E 'sleep 100[12]|while [:]' || true)"
+    echo "procs-any: $(for p in /proc/[0-9]*; do cat $p/cmdline 2>/dev/null | tr '\0' ' '; echo; done | grep -c -E 'sleep 100[12]|while [:]' || true)"
+    if command -v ipcs >/dev/null; then echo "ipc: $(ipcs -q -s | grep -c '^0x' || true)"; fi
+    echo "env: PLANTED=${PLANTED:-unset}"
+    echo "login env: $(sh -lc 'echo ${PLANTED:-unset}')"
+    """
+)
+"""What a sandbox shows of the places :func:`plant` writes to (the same script on a fresh
+sandbox and a reused one)."""
+
+
+async def look(sandbox: Sandbox) -> str:
+    result = await sandbox.exec(["sh", "-c", LOOK])
+    assert result.returncode == 0, result.stderr_text
+    return result.stdout_text
+
+
+async def pool_ready(s: Session, n: int, *, within: float = 30) -> None:
+    """Wait until the session's warm pool holds ``n`` ready sandboxes."""
+    await eventually_async(
+        lambda: s.statistics().pool_ready >= n, within=within, what=f"{n} ready in the pool"
+    )
+
+
+async def a_recycled_sandbox_is_fresh(s: Session, *, within: float = 30) -> None:
+    """The check of a recycling session (a warm pool of one, ``recycle=True``): an
+    episode plants state everywhere; the next episodes get its sandbox back, reset, and it
+    looks exactly like a fresh one. The planted loop is gone from the host (it can write
+    no more) before the sandbox is looked at: a loop that survived would have written."""
+    marker = unique_marker()
+    async with s.sandbox() as fresh:
+        expected = await look(fresh)
+        first_id = fresh.id
+        result = await fresh.exec(["sh", "-c", plant(marker)])
+        assert result.stdout_text.strip().endswith("done"), result.stderr_text
+        # The planted state is there while the episode lasts (so the check below can fail).
+        assert await look(fresh) != expected
+    # The next episodes get the same sandbox back (reset, in the background), not a new
+    # one: the pool holds it and a fresh spare, so take both and find ours.
+    await pool_ready(s, 2, within=within)
+    async with s.sandbox() as a, s.sandbox() as b:
+        reused = a if a.id == first_id else b
+        assert reused.id == first_id, "the released sandbox was not recycled"
+        assert await processes_gone(f"loop-{marker}", within=within) == []
+        assert await look(reused) == expected
+    assert s.metrics()["asyncsandbox/reset_failures"] == 0
+
+
+async def episodes_leave_nothing(s: Session, *, episodes: int, concurrency: int) -> set[str]:
+    """Episodes through a recycling session, ``concurrency`` at a time: each checks that
+    its sandbox looks fresh, then plants state everywhere. Return the sandbox ids used."""
+    async with s.sandbox() as first:
+        fresh = await look(first)
+    seen: set[str] = set()
+    limiter = anyio.Semaphore(concurrency)
+
+    async def episode() -> None:
+        async with limiter, s.sandbox() as sandbox:
+            assert sandbox.id is not None
+            seen.add(sandbox.id)
+            assert await look(sandbox) == fresh, f"{sandbox.id} was handed over dirty"
+            result = await sandbox.exec(["sh", "-c", plant(unique_marker())])
+            assert result.stdout_text.strip().endswith("done"), result.stderr_text
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(episodes):
+            tg.start_soon(episode)
+    assert s.metrics()["asyncsandbox/reset_failures"] == 0
+    return seen
