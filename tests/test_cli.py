@@ -21,7 +21,7 @@ def cli(
     env: dict[str, str] | None = None,
     wrapper: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[bytes]:
-    env = {**(env or os.environ), "ASYNCSANDBOX_PROCESS_ROOT": str(root)}
+    env = without_ray({**(env or os.environ), "ASYNCSANDBOX_PROCESS_ROOT": str(root)})
     return subprocess.run(
         [*wrapper, sys.executable, "-m", "asyncsandbox", *args],
         input=stdin,
@@ -30,6 +30,16 @@ def cli(
         env=env,
         check=False,
     )
+
+
+def without_ray(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with no Ray cluster to join: `backends` enters the Ray backend, which joins
+    the machine's running cluster, if any. CI's slow suite runs one meanwhile: joining it
+    from a directory of every distribution uploaded the directory to it, and joining it
+    while it was busy or stopping kept `backends` waiting past the test's 120 s."""
+    env = {key: value for key, value in env.items() if key != "RAY_ADDRESS"}
+    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="no-ray-")
+    return env
 
 
 def test_version_names_the_core_and_each_installed_plugin(process_root: Path) -> None:
@@ -254,13 +264,8 @@ def python_with(site: Path, *args: str, root: Path) -> subprocess.CompletedProce
         "import site, sys; site.addsitedir(sys.argv.pop(1)); "
         "from asyncsandbox._cli import main; sys.exit(main(sys.argv[1:]))"
     )
-    env = {**os.environ, "ASYNCSANDBOX_PROCESS_ROOT": str(root)}
+    env = without_ray({**os.environ, "ASYNCSANDBOX_PROCESS_ROOT": str(root)})
     env.pop("PYTHONPATH", None)
-    # No Ray cluster to join (`backends` enters the Ray backend, which joins the machine's
-    # running cluster, if any: CI's slow suite runs one meanwhile, and joining it from this
-    # directory of every distribution uploaded the directory to it).
-    env.pop("RAY_ADDRESS", None)
-    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="no-ray-")
     return subprocess.run(
         [sys.executable, "-S", "-c", bootstrap, str(site), *args],
         capture_output=True,

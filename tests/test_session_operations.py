@@ -17,12 +17,14 @@ from ._session_support import session
 
 async def test_submit_wait_and_as_completed() -> None:
     async with session() as s:
-        ops = [s.submit(s.run(["sleep", str(d)]), name=f"sleep-{d}") for d in (0.15, 0.01, 0.08)]
+        # Far apart: a loaded CI started the last sandbox 0.1 s after the first, and runs of
+        # 0.15 s and 0.08 s then ended in the other order.
+        ops = [s.submit(s.run(["sleep", str(d)]), name=f"sleep-{d}") for d in (1.0, 0.01, 0.4)]
         done, pending = await asyncsandbox.wait(ops, num_returns=1)
         assert [op.name for op in done] == ["sleep-0.01"]
         assert len(pending) == 2
         order = [op.name async for op in asyncsandbox.as_completed(pending)]
-        assert order == ["sleep-0.08", "sleep-0.15"]
+        assert order == ["sleep-0.4", "sleep-1.0"]
         assert all([(await op).ok for op in ops])
 
 
