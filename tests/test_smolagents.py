@@ -151,12 +151,12 @@ def test_an_exception_is_reported_to_the_model_and_the_agent_goes_on(
 
 
 def test_a_step_past_its_timeout_is_an_error_and_the_state_stays(session: SyncSession) -> None:
-    coder = agent(session, "y = 5", "while True:\n    pass", "final_answer(y * 2)", timeout=1)
+    coder = agent(session, "y = 5", "while True:\n    pass", "final_answer(y * 2)", timeout=3)
     with coder:
         answer = coder.run("Loop.")
     assert answer == 10
     [error] = errors(coder)
-    assert "ran past its timeout of 1 s" in error
+    assert "ran past its timeout of 3 s" in error
 
 
 def test_a_killed_interpreter_is_an_error_and_the_tools_are_defined_again(
