@@ -184,7 +184,10 @@ def test_no_docker_socket_is_reported_not_raised(process_root: Path, tmp_path: P
     assert here)."""
     env = without_docker(tmp_path)
     wrapper = hide_docker_sockets()
-    listing = cli("backends", root=process_root, env=env, wrapper=wrapper)
+    # Without the Ray backend: `backends` would join any Ray cluster running here (found
+    # by its processes: CI's slow suite runs one), and did not answer within 120 s.
+    site = site_without(tmp_path, "asyncsandbox_ray")
+    listing = python_with(site, "backends", root=process_root, env=env, wrapper=wrapper)
     assert listing.returncode == 0
     assert_docker_unavailable(
         listing, "docker   unavailable: no Docker engine to connect to", "DOCKER_HOST is not set"
@@ -208,7 +211,8 @@ def test_an_unreachable_docker_host_is_reported_not_raised(
     docker_dir = Path(env["HOME"]) / ".docker"
     docker_dir.mkdir()
     (docker_dir / "config.json").write_text(json.dumps({"currentContext": "elsewhere"}))
-    listing = cli("backends", root=process_root, env=env)
+    site = site_without(tmp_path, "asyncsandbox_ray")  # as above
+    listing = python_with(site, "backends", root=process_root, env=env)
     assert listing.returncode == 0
     assert_docker_unavailable(
         listing,
@@ -257,17 +261,23 @@ def site_packages() -> Path:
     return Path(sysconfig.get_paths()["purelib"])
 
 
-def python_with(site: Path, *args: str, root: Path) -> subprocess.CompletedProcess[bytes]:
+def python_with(
+    site: Path,
+    *args: str,
+    root: Path,
+    env: dict[str, str] | None = None,
+    wrapper: Sequence[str] = (),
+) -> subprocess.CompletedProcess[bytes]:
     """``python -m asyncsandbox ARGS`` seeing only the distributions installed in ``site``
     (``-S``: not this venv's; ``site.addsitedir`` reads the editable installs' .pth files)."""
     bootstrap = (
         "import site, sys; site.addsitedir(sys.argv.pop(1)); "
         "from asyncsandbox._cli import main; sys.exit(main(sys.argv[1:]))"
     )
-    env = without_ray({**os.environ, "ASYNCSANDBOX_PROCESS_ROOT": str(root)})
+    env = without_ray({**(env or os.environ), "ASYNCSANDBOX_PROCESS_ROOT": str(root)})
     env.pop("PYTHONPATH", None)
     return subprocess.run(
-        [sys.executable, "-S", "-c", bootstrap, str(site), *args],
+        [*wrapper, sys.executable, "-S", "-c", bootstrap, str(site), *args],
         capture_output=True,
         timeout=60,
         env=env,
