@@ -186,8 +186,9 @@ def test_no_docker_socket_is_reported_not_raised(process_root: Path, tmp_path: P
     wrapper = hide_docker_sockets()
     # Without the Ray backend: `backends` would join any Ray cluster running here (found
     # by its processes: CI's slow suite runs one), and did not answer within 120 s.
-    site = site_without(tmp_path, "asyncsandbox_ray")
-    listing = python_with(site, "backends", root=process_root, env=env, wrapper=wrapper)
+    listing = python_with(
+        site_without(tmp_path), "backends", root=process_root, env=env, wrapper=wrapper
+    )
     assert listing.returncode == 0
     assert_docker_unavailable(
         listing, "docker   unavailable: no Docker engine to connect to", "DOCKER_HOST is not set"
@@ -211,8 +212,7 @@ def test_an_unreachable_docker_host_is_reported_not_raised(
     docker_dir = Path(env["HOME"]) / ".docker"
     docker_dir.mkdir()
     (docker_dir / "config.json").write_text(json.dumps({"currentContext": "elsewhere"}))
-    site = site_without(tmp_path, "asyncsandbox_ray")  # as above
-    listing = python_with(site, "backends", root=process_root, env=env)
+    listing = python_with(site_without(tmp_path), "backends", root=process_root, env=env)
     assert listing.returncode == 0
     assert_docker_unavailable(
         listing,
@@ -292,6 +292,9 @@ def site_without(tmp_path: Path, *hidden: str) -> Path:
     made without them."""
     site = tmp_path / "site-packages"
     site.mkdir()
+    # Never the Ray backend: `backends` would join any Ray cluster running here (CI's slow
+    # suite runs one; Ray finds it by its processes) and did not answer within 60 s.
+    hidden = (*hidden, "asyncsandbox_ray")
     for entry in site_packages().iterdir():
         if not any(
             entry.name.startswith(h) or entry.name == f"_editable_impl_{h}.pth" for h in hidden
@@ -374,10 +377,10 @@ def test_a_plugin_adds_a_command(process_root: Path, tmp_path: Path) -> None:
     assert builtin.stdout == b"no sandboxes\n"
 
 
-def test_backends_says_whether_gvisor_runs_here(process_root: Path) -> None:
+def test_backends_says_whether_gvisor_runs_here(process_root: Path, tmp_path: Path) -> None:
     """The process backend's gvisor mechanism is listed with what it gives, or why it does
     not run here (naming the package to install where runsc is missing)."""
-    listing = cli("backends", root=process_root)
+    listing = python_with(site_without(tmp_path), "backends", root=process_root)
     assert listing.returncode == 0, listing.stderr
     line = next(
         (l for l in listing.stdout.decode().splitlines() if l.strip().startswith("gvisor ")),
