@@ -13,7 +13,6 @@ module-scoped one starts once per module that binds it.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 import sandbox_fusion as sf
 from sandbox_fusion import RunCodeRequest, RunCodeResponse
 
-from ._support import ALICE, Server, eventually, new_process_root
+from ._support import ALICE, Server, eventually, serving
 
 # -- the programs ---------------------------------------------------------------------------
 
@@ -80,13 +79,8 @@ def fusion_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(fusion_dir: Path) -> Iterator[Server]:
-    root = new_process_root()
-    started = Server(fusion_dir / "main", root=root)
-    try:
+    with serving(fusion_dir / "main") as started:
         yield started
-    finally:
-        started.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def keyed(server: Server, key: str = ALICE) -> str:

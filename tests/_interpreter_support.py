@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -31,7 +30,7 @@ from asyncsandbox_remote import RemoteBackend
 from asyncsandbox import Execution, Sandbox, SandboxDefaults, Session
 from asyncsandbox.abc import Backend
 
-from ._support import ALICE, Server, docker_test_image, new_process_root, require_docker
+from ._support import ALICE, Server, docker_test_image, require_docker, serving
 
 IS_ROOT = os.geteuid() == 0
 ROOTFS = os.environ.get("ASYNCSANDBOX_TEST_ROOTFS")
@@ -48,13 +47,8 @@ class Target:
 @pytest.fixture(scope="module")
 def remote_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A real server (``asyncsandbox serve``, the process backend) on loopback."""
-    root = new_process_root()
-    server = Server(tmp_path_factory.mktemp("interpreter-remote"), root=root)
-    try:
+    with serving(tmp_path_factory.mktemp("interpreter-remote")) as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(params=["process", "docker", pytest.param("remote", marks=pytest.mark.slow)])

@@ -13,9 +13,9 @@ servers' directory). A module-scoped one starts once per module that binds it.
 from __future__ import annotations
 
 import re
-import shutil
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,13 @@ import httpx
 import pytest
 from asyncsandbox_remote import _wire as wire
 
-from ._support import Server, docker_test_image, new_process_root, require_docker, unique_marker
+from ._support import (
+    Server,
+    docker_test_image,
+    require_docker,
+    serving,
+    unique_marker,
+)
 
 # -- servers ------------------------------------------------------------------------------
 
@@ -45,32 +51,19 @@ def server_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def process_server(server_dir: Path) -> Iterator[Server]:
     """One server on the process backend for the tests that need no special settings."""
-    root = new_process_root()
-    server = Server(server_dir / "main", root=root)
-    try:
+    with serving(server_dir / "main") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
 def make_server(server_dir: Path) -> Iterator[Callable[..., Server]]:
     """Servers with special settings, stopped (and their roots removed) after the test."""
-    started: list[Server] = []
+    with ExitStack() as stack:
 
-    def make(*args: str) -> Server:
-        server = Server(server_dir / uuid.uuid4().hex[:6], *args, root=new_process_root())
-        started.append(server)
-        return server
+        def make(*args: str) -> Server:
+            return stack.enter_context(serving(server_dir / uuid.uuid4().hex[:6], *args))
 
-    yield make
-    for server in started:
-        try:
-            server.stop(timeout=60)
-        finally:
-            if server.root is not None:
-                shutil.rmtree(server.root, ignore_errors=True)
+        yield make
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ._support import ALICE, Server, docker_test_image, new_process_root, require_docker
+from ._support import ALICE, Server, docker_test_image, new_process_root, require_docker, serving
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -97,13 +97,8 @@ def e2b_server(
         finally:
             started.stop()
         return
-    root = new_process_root()
-    started = Server(directory, root=root)
-    try:
+    with serving(directory) as started:
         yield started
-    finally:
-        started.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -46,20 +45,15 @@ from ._support import (
     eventually,
     eventually_async,
     kill_process_sandbox_processes,
-    new_process_root,
     process_launcher_broken,
+    serving,
 )
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = new_process_root()
-    started = Server(tmp_path_factory.mktemp("e2b-backend") / "main", root=root)
-    try:
+    with serving(tmp_path_factory.mktemp("e2b-backend") / "main") as started:
         yield started
-    finally:
-        started.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def make(server: Server, key: str = ALICE, **options: Any) -> Callable[[], Backend]:

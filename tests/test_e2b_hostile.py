@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,24 +19,15 @@ import msgspec
 import pytest
 from asyncsandbox_remote._e2b._openapi import e2b_openapi
 
-from ._support import ALICE, BOB, Server, new_process_root
+from ._support import ALICE, BOB, Server, serving
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A server whose quotas bound what the fuzzer makes."""
-    root = new_process_root()
-    started = Server(
-        tmp_path_factory.mktemp("e2b-hostile") / "main",
-        "--max-live-per-tenant",
-        "6",
-        root=root,
-    )
-    try:
+    directory = tmp_path_factory.mktemp("e2b-hostile") / "main"
+    with serving(directory, "--max-live-per-tenant", "6") as started:
         yield started
-    finally:
-        started.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 class E2bTarget:

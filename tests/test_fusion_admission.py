@@ -6,7 +6,6 @@ quota of live sandboxes.
 
 from __future__ import annotations
 
-import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from sandbox_fusion import RunCodeRequest
 
 from . import _fusion_support as fusion
 from ._fusion_support import keyed, wait_until_started
-from ._support import ALICE, Server, new_process_root
+from ._support import ALICE, Server, serving
 
 # The fusion family's fixtures (tests/_fusion_support.py), this module's by name.
 fusion_dir = fusion.fusion_dir
@@ -99,9 +98,9 @@ def test_requests_that_cannot_run_get_clear_errors(server: Server) -> None:
 
 def test_quotas_apply(fusion_dir: Path) -> None:
     """A /run_code request holds one of the tenant's max_live sandboxes while it runs."""
-    root = new_process_root()
-    server = Server(fusion_dir / "quota", "--max-live-per-tenant", "1", root=root)
-    try:
+    with serving(fusion_dir / "quota", "--max-live-per-tenant", "1") as server:
+        root = server.root
+        assert root is not None
         url = f"{keyed(server)}/run_code"
         # Runs until the test lets it end (it creates ``release`` beside ``started``).
         held = "touch started; while [ ! -e release ]; do sleep 0.05; done; echo done"
@@ -123,6 +122,3 @@ def test_quotas_apply(fusion_dir: Path) -> None:
         assert answers[0].json()["run_result"]["stdout"] == "done\n"
         again = requests.post(url, json={"code": "echo again", "language": "bash"}, timeout=60)
         assert again.json()["run_result"]["stdout"] == "again\n"  # the slot came back
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)

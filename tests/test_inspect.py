@@ -9,7 +9,6 @@ run) in the fixture, each with its reason, as self_check's docstring asks.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -28,7 +27,7 @@ from inspect_ai.util import (
 from inspect_ai.util._sandbox.limits import override_max_exec_output_size
 from inspect_ai.util._sandbox.self_check import *
 
-from ._support import ALICE, Server, docker_test_image, new_process_root, require_docker
+from ._support import ALICE, docker_test_image, require_docker, serving
 
 # Checks that cannot pass, with the reason: the provider's design, not an accident.
 CANNOT_PASS: dict[str, str] = {
@@ -192,10 +191,7 @@ def test_inspect_eval_of_a_tool_using_task(tmp_path: Path, eval_backend: str) ->
             require_docker()
             args += ["-T", "backend=docker", "-T", f"image={docker_test_image()}"]
         elif eval_backend == "remote":
-            root = new_process_root()
-            server = Server(tmp_path / "server", root=root)
-            stack.callback(shutil.rmtree, root, ignore_errors=True)
-            stack.callback(server.stop)
+            server = stack.enter_context(serving(tmp_path / "server"))
             env |= {"ASYNCSANDBOX_BASE_URL": server.url, "ASYNCSANDBOX_API_KEY": ALICE}
             args += ["-T", "backend=remote"]
         _inspect_eval(tmp_path / "logs", args, env)

@@ -10,7 +10,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from asyncsandbox_remote._openapi import openapi
 
 from . import _remote_support as remote
 from ._remote_support import create_sandbox
-from ._support import ALICE, Server, new_process_root
+from ._support import ALICE, Server, serving
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -162,20 +161,8 @@ async def test_load_full(make_server: Callable[..., Server]) -> None:
 @pytest.fixture(scope="module")
 def fuzz_server(server_dir: Path) -> Iterator[Server]:
     """A server for the fuzzer: short leases reap what it creates, small quotas bound it."""
-    root = new_process_root()
-    server = Server(
-        server_dir / "fuzz",
-        "--lease",
-        "10",
-        "--max-live-per-tenant",
-        "6",
-        root=root,
-    )
-    try:
+    with serving(server_dir / "fuzz", "--lease", "10", "--max-live-per-tenant", "6") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 class _FuzzTarget:

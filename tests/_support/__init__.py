@@ -59,6 +59,7 @@ from ._server import (
     BOB as BOB,
     Server as Server,
     TcpProxy as TcpProxy,
+    serving as serving,
     tcp_proxy as tcp_proxy,
 )
 from ._tools import (
@@ -121,6 +122,7 @@ __all__ = (
     "ALICE",
     "BOB",
     "Server",
+    "serving",
     "TcpProxy",
     "tcp_proxy",
     # recycling

@@ -6,12 +6,13 @@ from __future__ import annotations
 import functools
 import secrets
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import httpx
 
 from asyncsandbox.abc import Backend
 
-from ._process import sandbox_dirs
+from ._process import new_process_root, sandbox_dirs
 
 ALICE = "alice-" + secrets.token_hex(16)
 BOB = "bob-" + secrets.token_hex(16)
@@ -98,6 +99,21 @@ class Server:
         from asyncsandbox_remote import RemoteBackend
 
         return functools.partial(RemoteBackend, self.url, key, **options)
+
+
+@contextmanager
+def serving(directory: Path, *args: str) -> Iterator[Server]:
+    """A server on the process backend, with a sandbox root of its own: stopped, and its
+    root removed, when the block ends."""
+    root = new_process_root()
+    server = Server(directory, *args, root=root)
+    try:
+        yield server
+    finally:
+        try:
+            server.stop()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 class TcpProxy:
