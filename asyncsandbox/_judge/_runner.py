@@ -55,9 +55,10 @@ three are closed before the program runs, and this process is not dumpable, so
 ``/proc/PPID/fd`` is closed to it), read the expected outputs (they never enter the
 sandbox), see its result altered (status from ``waitpid`` or its held exit's notice,
 output from its own pipes), or escape the barrier (the kernel lets a filter chain hold
-one listener only: the case's processes cannot make one of their own). It can kill this process or the guard (same
-user): the answers then stop short of ``end`` (this process ends when the guard does),
-and the host runs the cases without an answer again, each under a runner of its own.
+one listener only: the case's processes cannot make one of their own). It can kill this
+process or the guard (same user): the answers then stop short of ``end`` (this process
+ends when the guard does), and the host runs the cases without an answer again, each
+under a runner of its own.
 """
 
 from __future__ import annotations
@@ -421,18 +422,19 @@ class Runner:
         self.running[pid] = case
 
     def hear(self) -> None:
-        """What the guard said since last time."""
-        while True:
-            try:
-                chunk = self.news.recv(1 << 16)
-            except BlockingIOError:
-                break
-            if not chunk:
-                raise GuardGone
-            self.heard += chunk
-        self.hear_buffered()
+        """All the guard said since last time, without waiting for more."""
+        try:
+            while True:
+                self.hear_once()
+        except BlockingIOError:
+            pass
 
-    def hear_buffered(self) -> None:
+    def hear_once(self) -> None:
+        """What the guard says next (as the news socket is set: at once, or waiting)."""
+        chunk = self.news.recv(1 << 16)
+        if not chunk:
+            raise GuardGone
+        self.heard += chunk
         whole = len(self.heard) - len(self.heard) % barrier.NEWS.size
         for offset in range(0, whole, barrier.NEWS.size):
             what, pid, when, status = barrier.NEWS.unpack_from(self.heard, offset)
@@ -460,11 +462,7 @@ class Runner:
         self.news.settimeout(GUARD_FINISH)
         try:
             while not self.guard_done:
-                chunk = self.news.recv(1 << 16)
-                if not chunk:
-                    raise GuardGone
-                self.heard += chunk
-                self.hear_buffered()
+                self.hear_once()
         except OSError:  # its time out: it is stuck (or stopped): say so
             raise GuardGone from None
         os.waitpid(self.guard, 0)
@@ -491,9 +489,9 @@ class Runner:
         was reaped): its process group, which nothing of it can leave behind the barrier
         (the group outlives its leader while a process is in it, so it cannot be another
         case's); without the barrier, every process below it too (:meth:`rest_of`)."""
-        for kill, pid in ((os.kill, case.pid), (os.killpg, case.pid)):
+        for send in (os.kill, os.killpg):  # without the barrier, it may have left its group
             try:
-                kill(pid, signal.SIGKILL)
+                send(case.pid, signal.SIGKILL)
             except OSError:
                 pass
         if not case.guarded:
