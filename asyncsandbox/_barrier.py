@@ -74,6 +74,7 @@ __all__ = (
     "kill",
     "prctl",
     "processes",
+    "subreaper",
     "thread_alive",
     "threads",
 )
@@ -270,6 +271,16 @@ def prctl(option: int, value: int) -> None:
     """``prctl(option, value, 0, 0, 0)``; raise :class:`OSError` if it fails."""
     if _libc("prctl")(option, value, 0, 0, 0) != 0:
         raise OSError(_ctypes.get_errno(), "prctl(%d)" % option)
+
+
+def subreaper() -> None:
+    """Become a child subreaper where the kernel can (gVisor's cannot: there a case's
+    orphans go to the sandbox's init, and its process group, which the kill reaches all
+    the same, is what holds them)."""
+    try:
+        prctl(PR_SET_CHILD_SUBREAPER, 1)
+    except OSError:
+        pass
 
 
 def hurry(slice_seconds: float = 0.0001) -> bool:

@@ -131,7 +131,6 @@ request."""
 
 MAX_FD = 1 << 16
 PR_SET_DUMPABLE = 4
-PR_SET_CHILD_SUBREAPER = 36
 UNWRITABLE = 121
 """The runner's exit status when it cannot write the program (before answering anything:
 ``ERRNO STRERROR`` on stderr)."""
@@ -405,7 +404,7 @@ class Runner:
                 os.dup2(out_w, 1)
                 os.dup2(err_w, 2)
                 barrier.hand_over(self.handshakes)
-                subreaper()  # what it orphans stays below it
+                barrier.subreaper()  # what it orphans stays below it
                 os.closerange(3, MAX_FD)  # ours: the request, the other cases' pipes
             except BaseException:  # noqa: BLE001
                 os._exit(125)
@@ -644,16 +643,6 @@ class Runner:
         return json_line(meta) + out.data + err.data
 
 
-def subreaper() -> None:
-    """Become a child subreaper where the kernel can (gVisor's cannot: there a case's
-    orphans go to the sandbox's init, and its process group, which the kill reaches all
-    the same, is what holds them)."""
-    try:
-        barrier.prctl(PR_SET_CHILD_SUBREAPER, 1)
-    except OSError:
-        pass
-
-
 def drain(fd: int) -> None:
     try:
         while os.read(fd, 512):
@@ -674,7 +663,7 @@ def launchable(name: str) -> bool:
 
 def main() -> None:
     barrier.prctl(PR_SET_DUMPABLE, 0)  # first: before anything of ours can be read through /proc
-    subreaper()  # what a case orphans comes to us, to be killed
+    barrier.subreaper()  # what a case orphans comes to us, to be killed
     request, inputs = read_request()
     argv = request.get("argv")
     why = None  # before any case: nothing of the program ran yet
