@@ -410,7 +410,7 @@ async def test_the_runner_compiles_itself_where_the_bytecode_differs(
     from asyncsandbox._judge import _cases
 
     argv = _cases._boot()
-    monkeypatch.setattr(_cases, "_boot", lambda: (*argv[:2], "0" * 8, *argv[3:]))
+    monkeypatch.setattr(_cases, "_boot", lambda: (*argv[:2], "0" * 8))
     result = await session.judge(Program(source=PY_ADD), ADD_CASES)
     assert verdicts(result) == [Verdict.ACCEPTED] * 3
 

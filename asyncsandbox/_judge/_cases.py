@@ -160,20 +160,20 @@ async def run_cases(
 @functools.cache
 def _boot() -> tuple[str, ...]:
     """The runner's command line after the interpreter (see :data:`._runner.BOOT`)."""
-    return ("-c", BOOT, importlib.util.MAGIC_NUMBER.hex(), _BARRIER, _RUNNER)
+    return ("-c", BOOT, importlib.util.MAGIC_NUMBER.hex())
 
 
 @functools.cache
 def _code() -> bytes:
-    """The start of the runner's stdin: the runner and the barrier, compiled here (see
-    :data:`._runner.BOOT`; in its stdin, not its arguments: the interpreter decodes each
-    argument as text, a few milliseconds for these)."""
+    """The start of the runner's stdin: the runner and the barrier, compiled here and as
+    sources (see :data:`._runner.BOOT`)."""
     codes = (
         compile(_BARRIER, "asyncsandbox/_barrier.py", "exec", dont_inherit=True),
         compile(_RUNNER, "asyncsandbox/_judge/_runner.py", "exec", dont_inherit=True),
     )
     compiled = marshal.dumps(codes)
-    return b"%d\n" % len(compiled) + compiled
+    sources = f"{_BARRIER}\0{_RUNNER}".encode()
+    return b"%d %d\n" % (len(compiled), len(sources)) + compiled + sources
 
 
 class _Malformed(Exception):
