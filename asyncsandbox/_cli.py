@@ -18,6 +18,7 @@ from ._models import SandboxInfo
 from ._owner import garbage_reason
 from ._registry import available_backends, create_backend
 from ._session import Session
+from .abc import BackendCapabilities
 from .cli import COMMAND_GROUP, Command, parse_backend_options
 
 if TYPE_CHECKING:
@@ -132,11 +133,12 @@ async def _cmd_gc(args: argparse.Namespace) -> int:
 
 
 async def _cmd_backends(args: argparse.Namespace) -> int:
+    probe = _Probe(args.timeout)
     for name in sorted(available_backends()):
-        try:
-            backend = create_backend(name)
-            async with backend:
-                caps = backend.capabilities
+        caps, why = await probe.capabilities(name)
+        if caps is None:
+            detail = f"unavailable: {why}"
+        else:
             owner = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
             detail = (
                 f"{caps.isolation}; limits enforced for this owner ({owner}): "
@@ -147,41 +149,46 @@ async def _cmd_backends(args: argparse.Namespace) -> int:
                     "run without them (best-effort)" if caps.best_effort_limits else ("are refused")
                 )
                 detail += f"; sandboxes asking for others {then}: {caps.limits_note}"
-        except SandboxError as exc:
-            detail = f"unavailable: {exc}"
         print(f"{name:<8} {detail}")
         if name == "process":
-            await _print_mechanisms()
-        if name == "docker" and not detail.startswith("unavailable"):
-            await _print_gvisor_runtime()
+            print("         isolation mechanisms here (backend_options={'isolation': NAME}):")
+            for mode in ("bwrap", "native", "gvisor"):
+                caps, why = await probe.capabilities("process", {"isolation": mode})
+                print(f"           {mode:<7} {_availability(caps, why)}")
+            print(
+                "           (gvisor only when asked for by name: a kernel of its own per sandbox)"
+            )
+            print("           none    only when asked for by name: no isolation at all")
+        if name == "docker" and caps is not None:
+            caps, why = await probe.capabilities("docker", {"runtime": "runsc"})
+            print("         gVisor runtime (backend_options={'runtime': 'runsc'}):")
+            print(f"           runsc   {_availability(caps, why)}")
     return 0
 
 
-async def _print_gvisor_runtime() -> None:
-    """Whether the Docker daemon runs containers in gVisor (``runtime="runsc"``)."""
-    try:
-        backend = create_backend("docker", {"runtime": "runsc"})
-        async with backend:
-            detail = "available: " + backend.capabilities.isolation
-    except SandboxError as exc:
-        detail = f"unavailable: {exc}"
-    print("         gVisor runtime (backend_options={'runtime': 'runsc'}):")
-    print(f"           runsc   {detail}")
+class _Probe:
+    """Enters a backend to read its capabilities, within ``timeout`` seconds: a backend
+    that cannot tell by then (a cluster that does not answer) is listed as unavailable,
+    and the listing goes on."""
 
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
 
-async def _print_mechanisms() -> None:
-    """What each isolation mechanism of the process backend provides on this machine."""
-    print("         isolation mechanisms here (backend_options={'isolation': NAME}):")
-    for mode in ("bwrap", "native", "gvisor"):
+    async def capabilities(
+        self, name: str, options: dict[str, Any] | None = None
+    ) -> tuple[BackendCapabilities | None, str]:
         try:
-            backend = create_backend("process", {"isolation": mode})
-            async with backend:
-                detail = "available: " + backend.capabilities.isolation
+            with anyio.fail_after(self.timeout):
+                async with create_backend(name, options) as backend:
+                    return backend.capabilities, ""
+        except TimeoutError:
+            return None, f"no answer within {self.timeout:g} s (--timeout)"
         except SandboxError as exc:
-            detail = f"unavailable: {exc}"
-        print(f"           {mode:<7} {detail}")
-    print("           (gvisor only when asked for by name: a kernel of its own per sandbox)")
-    print("           none    only when asked for by name: no isolation at all")
+            return None, str(exc)
+
+
+def _availability(caps: BackendCapabilities | None, why: str) -> str:
+    return f"unavailable: {why}" if caps is None else f"available: {caps.isolation}"
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
@@ -306,7 +313,13 @@ def _parser(plugins: dict[str, EntryPoint]) -> argparse.ArgumentParser:
     )
     gc.add_argument("--dry-run", action="store_true", help="only show what would be removed")
 
-    sub.add_parser("backends", help="list backends and what they can do")
+    backends = sub.add_parser("backends", help="list backends and what they can do")
+    backends.add_argument(
+        "--timeout",
+        type=float,
+        default=15.0,
+        help="seconds each backend may take to say what it can do (default 15)",
+    )
     for name in sorted(PLUGIN_COMMANDS.keys() | plugins.keys()):
         if name in PLUGIN_COMMANDS:
             does, _, install = PLUGIN_COMMANDS[name]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -394,3 +395,30 @@ def test_backends_says_whether_gvisor_runs_here(process_root: Path, tmp_path: Pa
     else:
         expected = ["unavailable", "needs root"]
     assert all(text in line for text in expected), line
+
+
+def test_backends_lists_a_backend_that_does_not_answer_as_unavailable(
+    process_root: Path,
+) -> None:
+    """A backend that cannot say what it can do within `--timeout` (here a Ray cluster
+    address where something listens and never answers: ray.init waits for minutes) is
+    listed as unavailable, and the others are still listed."""
+    pytest.importorskip("asyncsandbox_ray")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        host, port = silent.getsockname()
+        env = {**os.environ, "ASYNCSANDBOX_PROCESS_ROOT": str(process_root)}
+        env["RAY_ADDRESS"] = f"{host}:{port}"
+        listing = subprocess.run(
+            [sys.executable, "-m", "asyncsandbox", "backends", "--timeout", "2"],
+            capture_output=True,
+            timeout=100,
+            env=env,
+            check=False,
+        )
+    assert listing.returncode == 0, listing.stderr.decode()
+    lines = listing.stdout.decode().splitlines()
+    [ray] = [line for line in lines if line.startswith("ray ")]
+    assert "unavailable: no answer within 2 s" in ray
+    assert any(line.startswith("process ") for line in lines)

@@ -16,9 +16,10 @@ import asyncio
 import builtins
 import concurrent.futures
 import re
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any, Self
 
@@ -103,7 +104,11 @@ def _ray_errors(sandbox_id: str | None, what: str) -> Iterator[None]:
 
 async def _result(ref: Any, deadline: float | None) -> Any:
     """Await a Ray object ref on asyncio or trio (through its concurrent future)."""
-    future: concurrent.futures.Future[Any] = ref.future()
+    return await _future_result(ref.future(), deadline)
+
+
+async def _future_result(future: concurrent.futures.Future[Any], deadline: float | None) -> Any:
+    """Await a concurrent future on asyncio or trio."""
     with anyio.fail_after(deadline):
         if sniffio.current_async_library() == "asyncio":
             return await asyncio.wrap_future(future)
@@ -114,6 +119,20 @@ async def _result(ref: Any, deadline: float | None) -> Any:
         future.add_done_callback(lambda _: token.run_sync_soon(done.set))
         await done.wait()
         return future.result()
+
+
+def _in_daemon_thread(function: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+    """``function()`` run in a daemon thread of its own: its future."""
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(function())
+        except BaseException as exc:  # noqa: BLE001 - the future carries it to the caller
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="asyncsandbox-ray-connect", daemon=True).start()
+    return future
 
 
 def _unwrap(answer: Any, sandbox_id: str | None) -> Any:
@@ -251,7 +270,10 @@ class RayBackend(Backend):
         )
 
     async def __aenter__(self) -> Self:
-        await anyio.to_thread.run_sync(self._connect)
+        # In a daemon thread, abandoned if cancelled (a deadline of the caller): ray.init
+        # cannot be interrupted, and waits for as long as a cluster that does not answer
+        # lets it; nor may it keep the interpreter from exiting.
+        await _future_result(_in_daemon_thread(self._connect), None)
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
