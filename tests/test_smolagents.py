@@ -24,6 +24,7 @@ from smolagents import (
     MessageRole,
     Model,
     TokenUsage,
+    Tool,
     tool,
 )
 
@@ -236,3 +237,38 @@ def test_a_failed_install_is_an_error_and_removes_the_sandbox(session: SyncSessi
         SandboxExecutor(sandbox, logger=QUIET, additional_imports=["asyncsandbox-no-such-package"])
     assert sandbox.state == "closed"
     assert sandbox.id not in [info.id for info in session.list(this_session=True)]
+
+
+class Patient(Tool):  # type: ignore[misc]  # smolagents is untyped
+    """A tool that takes its time to be defined (its instance is made in the sandbox's
+    interpreter, with the tools' definitions)."""
+
+    name = "patient"
+    description = "Answers 42, once it has been made."
+    inputs: dict[str, dict[str, str]] = {}  # noqa: RUF012 - smolagents reads it off the class
+    output_type = "integer"
+
+    def __init__(self) -> None:
+        super().__init__()
+        import time
+
+        time.sleep(2)  # the behaviour under test: setup that outlasts a step's timeout
+
+    def forward(self) -> int:
+        return 42
+
+
+def test_the_executors_setup_is_not_bound_by_a_steps_timeout(session: SyncSession) -> None:
+    """Defining the tools (and starting the interpreter, finding packages, setting the
+    variables) runs under ``setup_timeout``, not the steps' ``timeout``."""
+    executor = SandboxExecutor(session.sandbox(), logger=QUIET, timeout=1)
+    coder = CodeAgent(
+        tools=[Patient()],
+        model=ScriptedModel("final_answer(patient())"),
+        executor=executor,
+        max_steps=1,
+        verbosity_level=LogLevel.OFF,
+    )
+    with coder:
+        assert coder.run("Ask the patient tool.") == 42
+    assert errors(coder) == []

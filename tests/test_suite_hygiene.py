@@ -43,6 +43,9 @@ SLEEPS_UNDER_TEST = {
         "code injected by the attack kit strikes when its process's system call returns: "
         "a proof by absence waits"
     ),
+    ("test_smolagents.py", "__init__", "time.sleep(2)"): (
+        "a tool's definition that outlasts a step's timeout (it runs in the sandbox)"
+    ),
     ("torture/_proxy.py", "_gate", "anyio.sleep(self.delay)"): (
         "the fault injected: a slow daemon"
     ),

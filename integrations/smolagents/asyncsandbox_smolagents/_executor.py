@@ -16,8 +16,9 @@ background thread, driving the async API) carries each call.
 from __future__ import annotations
 
 import ast
+import contextlib
 import io
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import PIL.Image
@@ -60,6 +61,9 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
         only).
     :param timeout: seconds a step's code may run before it is interrupted (an error the
         model is told about; the variables stay); ``None``: no limit.
+    :param setup_timeout: seconds each part of the executor's own setup may take (the
+        interpreter's start with the first call, finding and installing packages, defining
+        the tools and setting the variables, again after a restart); ``None``: no limit.
     :param max_output_bytes: output kept per stream, and for the results, of one step.
     """
 
@@ -71,10 +75,12 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
         logger: AgentLogger | None = None,
         allow_pickle: bool = False,
         timeout: float | None = 60.0,
+        setup_timeout: float | None = 300.0,
         max_output_bytes: int = 1024 * 1024,
     ) -> None:
-        if timeout is not None and not timeout > 0:
-            raise InvalidArgument(f"timeout must be > 0 or None, got {timeout!r}")
+        for name, value in (("timeout", timeout), ("setup_timeout", setup_timeout)):
+            if value is not None and not value > 0:
+                raise InvalidArgument(f"{name} must be > 0 or None, got {value!r}")
         super().__init__(
             list(additional_imports), logger or AgentLogger(LogLevel.INFO), allow_pickle
         )
@@ -82,6 +88,9 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
         """The sandbox the code runs in (removed by :meth:`cleanup`)."""
         self.timeout = timeout
         """Seconds a step's code may run (``None``: no limit)."""
+        self.setup_timeout = setup_timeout
+        """Seconds each part of the executor's own setup may take (``None``: no limit)."""
+        self._limit = setup_timeout  # what a call runs under now: a step's, or setup's
         self._max_output_bytes = max_output_bytes
         self._tools: dict[str, Tool] = {}
         self._variables: dict[str, Any] = {}
@@ -97,26 +106,41 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
                 self.logger.log_error(f"removing the sandbox failed too: {removal!r}")
             raise
         self.installed_packages = list(additional_imports)
+        self._limit = timeout
+
+    def __call__(self, code_action: str) -> CodeOutput:
+        """Run a step's code (under :attr:`timeout`); see :meth:`run_code_raise_errors`."""
+        with self._under(self.timeout):
+            return self.run_code_raise_errors(code_action)
+
+    @contextlib.contextmanager
+    def _under(self, limit: float | None) -> Iterator[None]:
+        """Calls made meanwhile run under ``limit``."""
+        before, self._limit = self._limit, limit
+        try:
+            yield
+        finally:
+            self._limit = before
 
     def run_code_raise_errors(self, code: str) -> CodeOutput:
         """Run ``code`` in the sandbox's interpreter: its main result (an image as a
         ``PIL.Image``, else its richest text) and its stdout, or the final answer.
 
         Raises ``AgentError`` when the code raised (the variables stay), ran past
-        :attr:`timeout`, or its interpreter died; an infrastructure failure (the sandbox
+        :attr:`timeout` (:attr:`setup_timeout` for the executor's own code), or its
+        interpreter died; an infrastructure failure (the sandbox
         is gone, the backend unreachable) is raised as asyncsandbox's
         :class:`~asyncsandbox.InfrastructureError` (the agent reports either to the model).
         """
-        handle = self.sandbox.run_code(
-            code, timeout=self.timeout, max_output_bytes=self._max_output_bytes
-        )
+        limit = self._limit
+        handle = self.sandbox.run_code(code, timeout=limit, max_output_bytes=self._max_output_bytes)
         try:
             execution = handle.result()
         except ExecTimeout as exc:
             partial = exc.execution or Execution()  # run_code's timeouts always carry it
             raise AgentError(
                 f"{_stdout(partial)}\nExecuting code yielded an error:\nthe code ran past its "
-                f"timeout of {self.timeout} s and was interrupted\n{_error_text(partial)}"
+                f"timeout of {limit:g} s and was interrupted\n{_error_text(partial)}"
                 f"{self._after_restart(partial)}",
                 self.logger,
             ) from exc
@@ -141,13 +165,15 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
         """Define the tools in the sandbox's interpreter (smolagents' own code: their source,
         ``final_answer`` patched to raise the answer), installing their requirements first;
         kept to define them again if the interpreter is restarted."""
-        super().send_tools(tools)
+        with self._under(self.setup_timeout):
+            super().send_tools(tools)
         self._tools = dict(tools)
 
     def send_variables(self, variables: dict[str, Any]) -> None:
         """Set the variables in the sandbox's interpreter (as JSON, or pickles if
         allowed); kept to set them again if the interpreter is restarted."""
-        super().send_variables(variables)
+        with self._under(self.setup_timeout):
+            super().send_variables(variables)
         self._variables = dict(variables)
 
     def _after_restart(self, execution: Execution) -> str:
@@ -156,10 +182,11 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
         with them, as it would after a plain error. What the model should know, or ``""``."""
         if not execution.restarted:
             return ""
-        if self._variables:
-            super().send_variables(self._variables)
-        if self._tools:
-            self.run_code_raise_errors(get_tools_definition_code(self._tools))
+        with self._under(self.setup_timeout):
+            if self._variables:
+                super().send_variables(self._variables)
+            if self._tools:
+                self.run_code_raise_errors(get_tools_definition_code(self._tools))
         return (
             "\n(The interpreter was restarted: the variables and imports of earlier steps are "
             "gone; the tools are defined again.)"
@@ -183,7 +210,7 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
         if not missing:
             return
         argv = ["python3", "-m", "pip", "install", "--quiet", *missing]
-        result = self.sandbox.exec(argv, timeout=self.timeout).result()
+        result = self.sandbox.exec(argv, timeout=self.setup_timeout).result()
         if result.returncode == 0:
             self.logger.log(result.stdout_text)
             return
@@ -208,7 +235,7 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
             "        return _u.find_spec(name) is not None\n"
             f"[_p for _p in {packages!r} if not _present(_p)]"
         )
-        execution = self.sandbox.run_code(code, timeout=self.timeout).result()
+        execution = self.sandbox.run_code(code, timeout=self.setup_timeout).result()
         if execution.error is not None or execution.text is None:
             return packages  # pip will say what is wrong
         missing: list[str] = ast.literal_eval(execution.text)
