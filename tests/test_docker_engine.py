@@ -21,26 +21,24 @@ from asyncsandbox_docker import DockerBackend
 
 from asyncsandbox import InfrastructureError, InvalidArgument, SandboxDefaults, Session
 
-from . import _support
+from . import _docker_support as docker
+from ._docker_support import docker_containers, docker_session, unique_tag
 from ._support import (
     docker_backend,
-    docker_containers,
     docker_problem,
-    docker_session,
     docker_test_image,
     eventually_async,
     running,
     unique_marker,
-    unique_tag,
 )
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_engine")]
 IMAGE = docker_test_image()
 
-# Docker's fixtures (tests/_support/_docker.py), this module's by name: its tests run on
+# Docker's fixtures (tests/_docker_support.py), this module's by name: its tests run on
 # asyncio, and each is followed by a check that the daemon still answers.
-anyio_backend = _support.docker_anyio_backend
-daemon_still_answers = _support.docker_daemon_still_answers
+anyio_backend = docker.docker_anyio_backend
+daemon_still_answers = docker.docker_daemon_still_answers
 
 
 def test_prints_nothing_until_logging_is_configured() -> None:

@@ -15,24 +15,22 @@ import pytest
 
 from asyncsandbox import InvalidArgument, SandboxDefaults, Session, WarmPool
 
-from . import _support
+from . import _docker_support as docker
+from ._docker_support import docker_containers, docker_session, unique_tag
 from ._support import (
     a_recycled_sandbox_is_fresh,
     docker_backend,
-    docker_containers,
-    docker_session,
     docker_test_image,
     episodes_leave_nothing,
-    unique_tag,
 )
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_engine")]
 IMAGE = docker_test_image()
 
-# Docker's fixtures (tests/_support/_docker.py), this module's by name: its tests run on
+# Docker's fixtures (tests/_docker_support.py), this module's by name: its tests run on
 # asyncio, and each is followed by a check that the daemon still answers.
-anyio_backend = _support.docker_anyio_backend
-daemon_still_answers = _support.docker_daemon_still_answers
+anyio_backend = docker.docker_anyio_backend
+daemon_still_answers = docker.docker_daemon_still_answers
 
 
 def snapshot_images() -> list[str]:

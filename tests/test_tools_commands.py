@@ -13,11 +13,10 @@ from pathlib import Path
 
 import anyio
 
-from . import _support
-from ._support import model_error, ok, process_toolbox
+from ._tools_support import model_error, ok, process_toolbox, tools_generate_tests
 
-# Tools on a real sandbox run on asyncio (tests/_support/_tools.py), this module's by name.
-pytest_generate_tests = _support.tools_generate_tests
+# Tools on a real sandbox run on asyncio (tests/_tools_support.py), this module's by name.
+pytest_generate_tests = tools_generate_tests
 
 # -- bash -------------------------------------------------------------------------------------
 

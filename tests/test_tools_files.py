@@ -8,11 +8,10 @@ from pathlib import Path
 
 from asyncsandbox.tools import ToolResult
 
-from . import _support
-from ._support import edit, model_error, ok, process_toolbox
+from ._tools_support import edit, model_error, ok, process_toolbox, tools_generate_tests
 
-# Tools on a real sandbox run on asyncio (tests/_support/_tools.py), this module's by name.
-pytest_generate_tests = _support.tools_generate_tests
+# Tools on a real sandbox run on asyncio (tests/_tools_support.py), this module's by name.
+pytest_generate_tests = tools_generate_tests
 
 
 # -- files ------------------------------------------------------------------------------------

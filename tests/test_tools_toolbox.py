@@ -27,19 +27,11 @@ from asyncsandbox import (
 from asyncsandbox.testing import FakeBackend, FakeProcess
 from asyncsandbox.tools import TOOL_NAMES, Grade, Toolbox, ToolResult
 
-from . import _support
-from ._support import (
-    edit,
-    eventually_async,
-    model_error,
-    ok,
-    process_toolbox,
-    processes_with,
-    unique_marker,
-)
+from ._support import eventually_async, processes_with, unique_marker
+from ._tools_support import edit, model_error, ok, process_toolbox, tools_generate_tests
 
-# Tools on a real sandbox run on asyncio (tests/_support/_tools.py), this module's by name.
-pytest_generate_tests = _support.tools_generate_tests
+# Tools on a real sandbox run on asyncio (tests/_tools_support.py), this module's by name.
+pytest_generate_tests = tools_generate_tests
 
 
 @asynccontextmanager

@@ -1,13 +1,13 @@
 """What the test modules share: waiting for a condition, the host's processes, the process
-backend's roots and mechanisms, the Docker engine and what Docker's test modules share, a
-real ``asyncsandbox serve``, the episodes that recycling must leave nothing of, the torture
-suite's targets, and what the agent tools' test modules share.
+backend's roots and mechanisms, the Docker engine, a real ``asyncsandbox serve``, the
+episodes that recycling must leave nothing of, and the torture suite's targets.
 
 The one place for helpers used by more than one test module (test modules never import
 each other: tests/test_suite_hygiene.py checks it): a module of this package per subject,
 every name re-exported here, so that a test imports ``from ._support import X``. Fixtures
-every test module may use stay in ``conftest.py``; those of one family of modules (Docker's,
-the tools') live here beside its helpers, and each module of the family binds them by name.
+every test module may use stay in ``conftest.py``; what one family of modules shares (its
+fixtures and helpers: ``tests/test_docker_*.py``'s, say) is in the family's own module,
+``tests/_<family>_support.py``, and each module of the family binds the fixtures by name.
 
 Waiting: a test never sleeps to let another task or process get somewhere. It waits for
 an event, for ``anyio.wait_all_tasks_blocked()``, or for a condition it can observe, polled
@@ -16,17 +16,12 @@ under a deadline with :func:`eventually` (blocking callers) or :func:`eventually
 
 from ._docker import (
     DOCKER_INFO_DEADLINE as DOCKER_INFO_DEADLINE,
-    docker_anyio_backend as docker_anyio_backend,
     docker_backend as docker_backend,
-    docker_containers as docker_containers,
-    docker_daemon_still_answers as docker_daemon_still_answers,
     docker_pids_squeezed as docker_pids_squeezed,
     docker_problem as docker_problem,
-    docker_session as docker_session,
     docker_test_image as docker_test_image,
     require_docker as require_docker,
     require_runsc_runtime as require_runsc_runtime,
-    unique_tag as unique_tag,
 )
 from ._host import (
     processes_gone as processes_gone,
@@ -61,13 +56,6 @@ from ._server import (
     TcpProxy as TcpProxy,
     serving as serving,
     tcp_proxy as tcp_proxy,
-)
-from ._tools import (
-    edit as edit,
-    model_error as model_error,
-    ok as ok,
-    process_toolbox as process_toolbox,
-    tools_generate_tests as tools_generate_tests,
 )
 from ._torture import (
     BOUND as BOUND,
@@ -112,12 +100,6 @@ __all__ = (
     "docker_test_image",
     "docker_pids_squeezed",
     "docker_backend",
-    # Docker's test modules (tests/test_docker_*.py)
-    "docker_session",
-    "docker_containers",
-    "unique_tag",
-    "docker_anyio_backend",
-    "docker_daemon_still_answers",
     # a real server
     "ALICE",
     "BOB",
@@ -137,10 +119,4 @@ __all__ = (
     "CANARY_SECRET",
     "Target",
     "FORK_UNTIL_REFUSED",
-    # the agent tools' test modules (tests/test_tools_*.py)
-    "tools_generate_tests",
-    "process_toolbox",
-    "ok",
-    "model_error",
-    "edit",
 )
