@@ -67,7 +67,7 @@ def test_verl_concurrent_requests(server: Server) -> None:
 
     def call(i: int) -> tuple[int, dict[str, Any]]:
         payload: dict[str, Any] = {
-            "compile_timeout": 10,
+            "compile_timeout": 60,
             "run_timeout": 10,
             "code": "import sys\nn = int(sys.stdin.read())\nprint(n * n)\n"
             if i % 2

@@ -13,7 +13,7 @@ import requests
 from sandbox_fusion import RunCodeRequest, RunStatus
 
 from . import _fusion_support as fusion
-from ._fusion_support import keyed, run
+from ._fusion_support import COMPILE, keyed, run
 from ._support import Server
 
 # The fusion family's fixtures (tests/_fusion_support.py), this module's by name.
@@ -80,6 +80,7 @@ def test_files_in_and_fetch_files_out(language: str) -> None:
                 ).decode(),
             },
             fetch_files=["out.bin", "missing.txt", "in/data.bin"],
+            compile_timeout=COMPILE,
         )
     )
     assert response.status == RunStatus.Success, response
