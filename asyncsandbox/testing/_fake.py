@@ -42,7 +42,7 @@ from ..abc import (
     SandboxHandle,
     SandboxSpec,
 )
-from ._probe import PROBE
+from ._probe import PROBE, emitted
 
 __all__ = ("FakeBackend", "FakeCommand", "FakeProcess", "FakeWorld")
 
@@ -289,9 +289,7 @@ async def _probe(p: FakeProcess) -> int:
     elif mode == "emit":
         total = int(args[1])
         for start in range(0, total, 1 << 16):
-            block = b"".join(
-                b"%015d\n" % i for i in range(start, min(start + (1 << 16), total), 16)
-            )
+            block = emitted(min(start + (1 << 16), total), start)
             await p.write("stdout" if args[0] == "stdout" else "stderr", block)
     elif mode == "binary":
         await p.write("stdout", bytes(range(256)) * 4)
