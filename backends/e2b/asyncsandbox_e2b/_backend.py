@@ -32,12 +32,17 @@ import msgspec
 from asyncsandbox import (
     BackendUnavailable,
     InvalidArgument,
-    RequestNotSent,
     SandboxError,
     SandboxInfo,
     SandboxNotFound,
 )
-from asyncsandbox.abc import Backend, BackendCapabilities, SandboxHandle, SandboxSpec
+from asyncsandbox.abc import (
+    Backend,
+    BackendCapabilities,
+    SandboxHandle,
+    SandboxSpec,
+    ServiceConnection,
+)
 from asyncsandbox.log import get_logger
 
 from ._sandbox import E2bSandbox, sandbox_info
@@ -170,14 +175,12 @@ class E2bBackend(Backend):
             "max_connections": max_connections,
             "verify": verify,
         }
-        self._http: Http | None = None
+        self._connection: ServiceConnection[Http] = ServiceConnection("an E2bBackend")
         self._control: ControlPlane | None = None
-        self._task_group: anyio.abc.TaskGroup | None = None
         self._leases: dict[str, _Lease] = {}
-        self._closed = False
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("open" if self._http else "new")
+        state = self._connection.state
         return f"<E2bBackend {self.api_url} {state} leased={len(self._leases)}>"
 
     @property
@@ -192,7 +195,7 @@ class E2bBackend(Backend):
 
     @property
     def control(self) -> ControlPlane:
-        if self._control is None:
+        if self._control is None or self._connection.client is None:
             raise BackendUnavailable(
                 "the e2b backend is not open (use it through a Session)", retryable=False
             )
@@ -201,42 +204,19 @@ class E2bBackend(Backend):
     # -- opening and closing ----------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        if self._closed or self._http is not None:
-            raise InvalidArgument("an E2bBackend can be opened once")
-        self._http = Http(cleanup=self.timeouts.cleanup, **self._options)
-        self._control = ControlPlane(self._http, self.api_url, self._key)
-        task_group = anyio.create_task_group()
-        try:
-            # The key and the API, checked once: a wrong one fails here, clearly.
-            await self._control.call(
-                "GET", "/v2/sandboxes", what="list sandboxes", params={"limit": 1}
-            )
-            # Exited in aclose(), which the Session calls from this same task.
-            await task_group.__aenter__()
-        except RequestNotSent:
-            # E2B never saw us: left as new, to be opened again (the Session retries
-            # opening under its RetryPolicy).
-            http, self._http, self._control = self._http, None, None
-            await http.aclose()
-            raise
-        except BaseException:
-            self._closed = True
-            await self._http.aclose()
-            raise
-        self._task_group = task_group
-        task_group.start_soon(self._keep_leases)
+        def connect() -> Http:
+            return Http(cleanup=self.timeouts.cleanup, **self._options)
+
+        await self._connection.open(connect, self._check, self._keep_leases)
         return self
 
+    async def _check(self, http: Http) -> None:
+        """The key and the API, checked once: a wrong one fails here, clearly."""
+        self._control = ControlPlane(http, self.api_url, self._key)
+        await self._control.call("GET", "/v2/sandboxes", what="list sandboxes", params={"limit": 1})
+
     async def aclose(self) -> None:
-        if self._closed and self._task_group is None:
-            return
-        self._closed = True
-        task_group, self._task_group = self._task_group, None
-        if task_group is not None:
-            task_group.cancel_scope.cancel()
-            await task_group.__aexit__(None, None, None)
-        if self._http is not None:
-            await self._http.aclose()
+        await self._connection.aclose()
 
     # -- leases -----------------------------------------------------------------------
 
@@ -284,7 +264,8 @@ class E2bBackend(Backend):
 
     def envd(self, sandbox_id: str, token: str | None, domain: str | None) -> Envd:
         """The envd of a sandbox (see ``sandbox_url``)."""
-        assert self._http is not None
+        http = self._connection.client
+        assert http is not None
         url = self.sandbox_url
         if url is None:
             where = domain or self.domain
@@ -293,7 +274,7 @@ class E2bBackend(Backend):
                 if where in ROUTED_DOMAINS
                 else f"https://49983-{sandbox_id}.{where}"
             )
-        return Envd(self._http, url, sandbox_id, token, self.user)
+        return Envd(http, url, sandbox_id, token, self.user)
 
     def _handle(
         self,

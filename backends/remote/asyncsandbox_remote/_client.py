@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 import anyio
-import anyio.abc
 import msgspec
 
 from asyncsandbox import (
@@ -31,7 +30,13 @@ from asyncsandbox import (
     SandboxError,
     SandboxInfo,
 )
-from asyncsandbox.abc import Backend, BackendCapabilities, SandboxHandle, SandboxSpec
+from asyncsandbox.abc import (
+    Backend,
+    BackendCapabilities,
+    SandboxHandle,
+    SandboxSpec,
+    ServiceConnection,
+)
 from asyncsandbox.judge import Checker, JudgeRequest, JudgeResult
 from asyncsandbox.log import get_logger
 
@@ -120,15 +125,13 @@ class RemoteBackend(Backend):
             "verify": verify,
         }
         self._lease_seconds = lease_seconds
-        self._api: Api | None = None
+        self._connection: ServiceConnection[Api] = ServiceConnection("a RemoteBackend")
         self._info: w.ServerInfo | None = None
         self._caps: BackendCapabilities | None = None
-        self._task_group: anyio.abc.TaskGroup | None = None
         self._leased: set[str] = set()
-        self._closed = False
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("open" if self._api else "new")
+        state = self._connection.state
         return f"<RemoteBackend {self.base_url} {state} leased={len(self._leased)}>"
 
     @property
@@ -143,67 +146,49 @@ class RemoteBackend(Backend):
 
     @property
     def api(self) -> Api:
-        if self._api is None:
+        api = self._connection.client
+        if api is None:
             raise BackendUnavailable(
                 "the remote backend is not open (use it through a Session)", retryable=False
             )
-        return self._api
+        return api
 
     async def __aenter__(self) -> Self:
-        if self._closed or self._api is not None:
-            raise InvalidArgument("a RemoteBackend can be opened once")
-        self._api = Api(self.base_url, self._key, cleanup=self.timeouts.cleanup, **self._options)
-        task_group = anyio.create_task_group()
-        try:
-            response = await self._api.call("GET", "/v1/info", what="info")
-            try:
-                info = w.INFO.decode(response.content)
-            except msgspec.DecodeError as exc:
-                raise BackendUnavailable(
-                    f"{self.base_url} does not answer like an asyncsandbox server: {exc}",
-                    retryable=False,
-                ) from None
-            self._info = info
-            caps = info.capabilities
-            self._caps = BackendCapabilities(
-                isolation=f"remote: {caps.isolation} ({info.backend} at {self.base_url})",
-                enforced_limits=frozenset(caps.enforced_limits),
-                best_effort_limits=caps.best_effort_limits,
-                limits_note=caps.limits_note,
-                network_modes=frozenset(caps.network_modes),
-                reports_signal=caps.reports_signal,
-                snapshots=caps.snapshots,
-                reset=caps.reset,
-            )
-            # Exited in aclose(), which the Session calls from this same task.
-            await task_group.__aenter__()
-        except RequestNotSent:
-            # The server never saw us: left as new, to be opened again (the Session
-            # retries opening under its RetryPolicy).
-            api, self._api = self._api, None
-            await api.aclose()
-            raise
-        except BaseException:
-            self._closed = True
-            await self._api.aclose()
-            raise
-        self._task_group = task_group
-        task_group.start_soon(self._keep_leases)
+        def connect() -> Api:
+            return Api(self.base_url, self._key, cleanup=self.timeouts.cleanup, **self._options)
+
+        await self._connection.open(connect, self._ask_info, self._keep_leases)
         return self
 
+    async def _ask_info(self, api: Api) -> None:
+        """The server's terms and capabilities (``GET /v1/info``), asked once on opening."""
+        response = await api.call("GET", "/v1/info", what="info")
+        try:
+            info = w.INFO.decode(response.content)
+        except msgspec.DecodeError as exc:
+            raise BackendUnavailable(
+                f"{self.base_url} does not answer like an asyncsandbox server: {exc}",
+                retryable=False,
+            ) from None
+        self._info = info
+        caps = info.capabilities
+        self._caps = BackendCapabilities(
+            isolation=f"remote: {caps.isolation} ({info.backend} at {self.base_url})",
+            enforced_limits=frozenset(caps.enforced_limits),
+            best_effort_limits=caps.best_effort_limits,
+            limits_note=caps.limits_note,
+            network_modes=frozenset(caps.network_modes),
+            reports_signal=caps.reports_signal,
+            snapshots=caps.snapshots,
+            reset=caps.reset,
+        )
+
     async def aclose(self) -> None:
-        if self._closed and self._task_group is None:
-            return
-        self._closed = True
-        task_group, self._task_group = self._task_group, None
-        if task_group is not None:
-            task_group.cancel_scope.cancel()
-            await task_group.__aexit__(None, None, None)
-        if self._api is not None:
-            await self._api.aclose()
+        await self._connection.aclose()
 
     async def _keep_leases(self) -> None:
-        lease = self._lease_seconds or (self._info.lease_seconds if self._info else 60.0)
+        assert self._info is not None  # asked before this task started
+        lease = self._lease_seconds or self._info.lease_seconds
         period = max(0.2, lease / 3)
         while True:
             await anyio.sleep(period)
