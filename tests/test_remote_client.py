@@ -138,6 +138,38 @@ def test_backend_needs_url_and_key(monkeypatch: pytest.MonkeyPatch) -> None:
         RemoteBackend("http://127.0.0.1:1")
 
 
+def test_the_client_has_no_deadline_options_of_its_own() -> None:
+    with pytest.raises(InvalidArgument, match=r"timeout=.*Timeouts\(operation=5\.0\)"):
+        RemoteBackend("http://127.0.0.1:1", ALICE, timeout=5.0)
+    with pytest.raises(InvalidArgument, match=r"connect_timeout=.*Timeouts\(operation=5\.0"):
+        RemoteBackend("http://127.0.0.1:1", ALICE, connect_timeout=5.0)
+
+
+async def test_the_clients_deadlines_are_the_sessions_timeouts(
+    make_server: Callable[..., Server],
+) -> None:
+    """The client's deadlines are the Session's Timeouts. A command silent for longer than
+    ``operation`` runs to its end: the server pings its answer while it is quiet (its ping
+    interval is in its terms), and the client waits that long and ``operation`` more.
+    Then the server freezes (SIGSTOP): a file read, which the runtime puts no deadline on
+    (a sandbox's call), ends with BackendUnavailable once ``operation`` passed without an
+    answer, and says so. The client used to wait 60 s there, a constant of its own
+    (``RemoteBackend(timeout=60.0)``)."""
+    server = make_server()
+    timeouts = Timeouts(operation=4, cleanup=4)
+    backend = RemoteBackend(server.url, ALICE, lease_seconds=LONG_LEASE)
+    async with Session(backend, timeouts=timeouts, sweep=False) as s, s.sandbox() as sb:
+        quiet = await sb.exec(["sh", "-c", "sleep 6; echo quiet"])
+        assert quiet.stdout == b"quiet\n"
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(BackendUnavailable, match=r"ReadTimeout after 4s of silence"):
+                await sb.read_file("anything")
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        assert (await sb.exec(["echo", "answering again"])).stdout == b"answering again\n"
+
+
 async def test_unreachable_server_is_backend_unavailable() -> None:
     retries = RetryPolicy(attempts=2, backoff=0.001)
     backend = RemoteBackend("http://127.0.0.1:9", ALICE)

@@ -65,9 +65,8 @@ class RemoteBackend(Backend):
         ``$ASYNCSANDBOX_BASE_URL``).
     :param api_key: the tenant's API key, sent as a bearer token (default:
         ``$ASYNCSANDBOX_API_KEY``). Never logged nor shown in ``repr``.
-    :param timeout: seconds any single read or write on the connection may take (the
-        server pings silent commands, so long commands are fine).
-    :param connect_timeout: seconds to establish a connection.
+    :param timeout: removed, like ``connect_timeout``: the deadlines are the Session's
+        :class:`~asyncsandbox.Timeouts` (see below).
     :param lease_seconds: lease asked for each sandbox (default: the server's). The
         backend renews the leases of its sandboxes in the background; when this process
         vanishes, the server removes them once the lease expires.
@@ -79,6 +78,12 @@ class RemoteBackend(Backend):
     established (:class:`~asyncsandbox.RequestNotSent`: nothing was sent), and the
     lifecycle calls on ``retryable`` errors. A create carries an idempotency key: when its
     answer is lost, it is undone before it is retried.
+
+    Deadlines are the Session's :class:`~asyncsandbox.Timeouts`: connecting, and each read
+    or write of a request, may take ``operation``, or ``create`` and ``remove`` for those
+    calls; a command's or code's answer may be silent for the server's ping interval and
+    ``operation`` more (the server pings it while it is quiet, so long commands are
+    fine); shielded cleanups take at most ``cleanup``.
 
     Works on asyncio and trio. Errors are asyncsandbox errors: a refused key is
     :class:`~asyncsandbox.BackendUnavailable` (not retryable) saying so, quotas answer
@@ -94,8 +99,8 @@ class RemoteBackend(Backend):
         base_url: str | None = None,
         api_key: str | None = None,
         *,
-        timeout: float = 60.0,
-        connect_timeout: float = 10.0,
+        timeout: float | None = None,
+        connect_timeout: float | None = None,
         lease_seconds: float | None = None,
         verify: bool | str | ssl.SSLContext = True,
         max_connections: int = 512,
@@ -112,15 +117,17 @@ class RemoteBackend(Backend):
                 f"the remote backend needs an API key: RemoteBackend(api_key=...) or ${API_KEY_ENV}"
             )
         for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
-            if not 0 < value < float("inf"):
-                raise InvalidArgument(f"{name} must be a positive number of seconds")
+            if value is not None:
+                raise InvalidArgument(
+                    f"RemoteBackend({name}=...) is gone: each request is bounded by the "
+                    "Session's Timeouts (operation; create and remove for those calls): "
+                    f"Session(..., timeouts=Timeouts(operation={value!r}))"
+                )
         if lease_seconds is not None and not 0 < lease_seconds < float("inf"):
             raise InvalidArgument("lease_seconds must be a positive number of seconds or None")
         self.base_url = url.rstrip("/")
         self._key = key.strip()
         self._options: dict[str, Any] = {
-            "timeout": float(timeout),
-            "connect_timeout": float(connect_timeout),
             "max_connections": max_connections,
             "verify": verify,
         }
@@ -155,7 +162,7 @@ class RemoteBackend(Backend):
 
     async def __aenter__(self) -> Self:
         def connect() -> Api:
-            return Api(self.base_url, self._key, cleanup=self.timeouts.cleanup, **self._options)
+            return Api(self.base_url, self._key, timeouts=self.timeouts, **self._options)
 
         await self._connection.open(connect, self._ask_info, self._keep_leases)
         return self
@@ -171,6 +178,7 @@ class RemoteBackend(Backend):
                 retryable=False,
             ) from None
         self._info = info
+        api.ping_interval = info.ping_interval
         caps = info.capabilities
         self._caps = BackendCapabilities(
             isolation=f"remote: {caps.isolation} ({info.backend} at {self.base_url})",
@@ -239,17 +247,19 @@ class RemoteBackend(Backend):
         body is the request itself): the cases run where the sandbox is, with no round
         trip each."""
         # The server enforces every limit; wait as long as they may take, one case at a
-        # time (a checker's run counts as another case), the builds, and a margin.
+        # time (a checker's run counts as another case), the builds, and the short-call
+        # deadline for the rest.
         per_case = 5 if isinstance(request.comparison, Checker) else 1
         cases = sum(case.time_limit or request.time_limit for case in request.cases)
-        budget = 2 * request.compile_timeout + per_case * cases + 60
+        operation = self.timeouts.operation
+        budget = 2 * request.compile_timeout + per_case * cases
         response = await self.api.call(
             "POST",
             "/v1/judge",
             what="judge",
             content=w.JUDGE.encode(request),
             headers=JSON_HEADERS,
-            read_timeout=budget,
+            timeout=self.api.within(None if operation is None else budget + operation),
         )
         try:
             return w.JUDGE_RESULT.decode(response.content)
@@ -267,6 +277,7 @@ class RemoteBackend(Backend):
                 what="create",
                 content=w.CREATE.encode(body),
                 headers={**JSON_HEADERS, "idempotency-key": key},
+                timeout=api.within(self.timeouts.create),
             )
         except RequestNotSent:
             raise  # the server never saw this create: nothing to undo (retryable)
