@@ -107,9 +107,11 @@ class E2bBackend(Backend):
         ``"enforce"``.
     :param lease_seconds: the timeout each sandbox is given and kept at while in use
         (see the module docstring).
-    :param timeout: seconds any single read or write on a connection may take (envd pings
-        silent commands every 30 s).
-    :param connect_timeout: seconds to establish a connection.
+    :param timeout: removed, like ``connect_timeout``: the deadlines are the Session's
+        :class:`~asyncsandbox.Timeouts`: connecting and each read or write of a request
+        take at most ``operation`` (a create ``create``, a removal ``remove``); a
+        command's stream may be silent for envd's keepalive interval (30 s) and
+        ``operation`` more.
     :param max_connections: size of the connection pool (each running command holds one).
     :param verify: TLS verification: True, False, a CA bundle path or an ``SSLContext``.
 
@@ -130,8 +132,8 @@ class E2bBackend(Backend):
         user: str = "user",
         limits: str | None = None,
         lease_seconds: float = 120.0,
-        timeout: float = 60.0,
-        connect_timeout: float = 10.0,
+        timeout: float | None = None,
+        connect_timeout: float | None = None,
         max_connections: int = 512,
         verify: bool | str | ssl.SSLContext = True,
     ) -> None:
@@ -148,13 +150,15 @@ class E2bBackend(Backend):
                 not isinstance(value, str) or not value.startswith(("http://", "https://"))
             ):
                 raise InvalidArgument(f"{label} must be an http(s) URL, got {value!r}")
-        for label, number in (
-            ("lease_seconds", lease_seconds),
-            ("timeout", timeout),
-            ("connect_timeout", connect_timeout),
-        ):
-            if not 0 < number < math.inf:
-                raise InvalidArgument(f"{label} must be a positive number of seconds")
+        for label, gone in (("timeout", timeout), ("connect_timeout", connect_timeout)):
+            if gone is not None:
+                raise InvalidArgument(
+                    f"E2bBackend({label}=...) is gone: each request is bounded by the "
+                    "Session's Timeouts (operation; create and remove for those calls): "
+                    f"Session(..., timeouts=Timeouts(operation={gone!r}))"
+                )
+        if not 0 < lease_seconds < math.inf:
+            raise InvalidArgument("lease_seconds must be a positive number of seconds")
         if not template or not user:
             raise InvalidArgument("template and user must be non-empty")
         chosen = limits if limits is not None else os.environ.get(LIMITS_ENV) or "enforce"
@@ -170,8 +174,6 @@ class E2bBackend(Backend):
         self.lease_seconds = float(lease_seconds)
         self._key = key.strip()
         self._options: dict[str, Any] = {
-            "timeout": float(timeout),
-            "connect_timeout": float(connect_timeout),
             "max_connections": max_connections,
             "verify": verify,
         }
@@ -205,7 +207,7 @@ class E2bBackend(Backend):
 
     async def __aenter__(self) -> Self:
         def connect() -> Http:
-            return Http(cleanup=self.timeouts.cleanup, **self._options)
+            return Http(timeouts=self.timeouts, **self._options)
 
         await self._connection.open(connect, self._check, self._keep_leases)
         return self
@@ -314,6 +316,7 @@ class E2bBackend(Backend):
                 body=msgspec.json.encode(body),
                 headers={WORKDIR_HEADER: spec.workdir},
                 ok=(201,),
+                timeout=control.http.within(self.timeouts.create),
             )
             answer = decode(response.content, SandboxAnswer, "create")
         if answer is None:
@@ -368,6 +371,7 @@ class E2bBackend(Backend):
             f"/sandboxes/{quote(sandbox_id, safe='')}",
             what="remove a sandbox",
             ok=(200, 204, 404),
+            timeout=self.control.http.within(self.timeouts.remove),
         )
 
     async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
