@@ -55,6 +55,7 @@ import msgspec
 from anyio import TypedAttributeProvider
 
 from ._config import Resources, Timeouts
+from ._connection import ServiceConnection
 from ._interpreter._engine import Interpreter as SandboxInterpreter
 from ._interpreter._models import CodeContext, CodeEventCallback, CodeRequest, Execution
 from ._models import SandboxInfo, SnapshotInfo, Stream
@@ -73,6 +74,7 @@ __all__ = (
     "SandboxHandle",
     "SandboxInterpreter",
     "SandboxSpec",
+    "ServiceConnection",
     "ShellFiles",
 )
 
@@ -366,7 +368,8 @@ class Backend(metaclass=ABCMeta):
     """Creates and finds sandboxes. Used as an async context manager by the Session.
 
     ``__aenter__`` may start background work (a connection pool, a lease keeper) in a task
-    group of its own; ``aclose`` stops it. Sandboxes outlive the backend object: closing
+    group of its own; ``aclose`` stops it (:class:`ServiceConnection` does both for a
+    backend that talks to a service). Sandboxes outlive the backend object: closing
     the backend does not remove them (the Session does that first).
     """
 

@@ -32,6 +32,7 @@ from asyncsandbox import (
     SandboxNotFound,
     SandboxStatus,
     Session,
+    Timeouts,
     WarmPool,
 )
 from asyncsandbox.abc import Backend, SandboxSpec
@@ -158,6 +159,32 @@ async def test_an_unreachable_api_is_backend_unavailable() -> None:
     assert isinstance(info.value, BackendUnavailable)
     assert info.value.retryable
     assert isinstance(info.value.__cause__, httpx.HTTPError)  # chained, never raised
+
+
+def test_the_backend_has_no_deadline_options_of_its_own() -> None:
+    with pytest.raises(InvalidArgument, match=r"timeout=.*Timeouts\(operation=5\.0\)"):
+        E2bBackend(ALICE, timeout=5.0)
+    with pytest.raises(InvalidArgument, match=r"connect_timeout=.*Timeouts\(operation=5\.0"):
+        E2bBackend(ALICE, connect_timeout=5.0)
+
+
+async def test_the_backends_deadlines_are_the_sessions_timeouts(tmp_path: Path) -> None:
+    """Timeouts(operation=4): a command silent for 6 s runs to its end (envd keeps its
+    stream alive); then the server freezes (SIGSTOP), and a file read, which the runtime
+    puts no deadline on, ends with BackendUnavailable once ``operation`` passed without an
+    answer. The backend used to wait 60 s there (``E2bBackend(timeout=60.0)``)."""
+    with serving(tmp_path / "frozen") as frozen:
+        timeouts = Timeouts(operation=4, cleanup=4)
+        async with Session(make(frozen)(), timeouts=timeouts, sweep=False) as s, s.sandbox() as sb:
+            quiet = await sb.exec(["sh", "-c", "sleep 6; echo quiet"])
+            assert quiet.stdout == b"quiet\n"
+            frozen.process.send_signal(signal.SIGSTOP)
+            try:
+                with pytest.raises(BackendUnavailable, match=r"ReadTimeout after 4s of silence"):
+                    await sb.read_file("anything")
+            finally:
+                frozen.process.send_signal(signal.SIGCONT)
+            assert (await sb.exec(["echo", "answering again"])).stdout == b"answering again\n"
 
 
 async def test_a_refused_key_says_so(server: Server) -> None:

@@ -138,6 +138,38 @@ def test_backend_needs_url_and_key(monkeypatch: pytest.MonkeyPatch) -> None:
         RemoteBackend("http://127.0.0.1:1")
 
 
+def test_the_client_has_no_deadline_options_of_its_own() -> None:
+    with pytest.raises(InvalidArgument, match=r"timeout=.*Timeouts\(operation=5\.0\)"):
+        RemoteBackend("http://127.0.0.1:1", ALICE, timeout=5.0)
+    with pytest.raises(InvalidArgument, match=r"connect_timeout=.*Timeouts\(operation=5\.0"):
+        RemoteBackend("http://127.0.0.1:1", ALICE, connect_timeout=5.0)
+
+
+async def test_the_clients_deadlines_are_the_sessions_timeouts(
+    make_server: Callable[..., Server],
+) -> None:
+    """The client's deadlines are the Session's Timeouts. A command silent for longer than
+    ``operation`` runs to its end: the server pings its answer while it is quiet (its ping
+    interval is in its terms), and the client waits that long and ``operation`` more.
+    Then the server freezes (SIGSTOP): a file read, which the runtime puts no deadline on
+    (a sandbox's call), ends with BackendUnavailable once ``operation`` passed without an
+    answer, and says so. The client used to wait 60 s there, a constant of its own
+    (``RemoteBackend(timeout=60.0)``)."""
+    server = make_server()
+    timeouts = Timeouts(operation=4, cleanup=4)
+    backend = RemoteBackend(server.url, ALICE, lease_seconds=LONG_LEASE)
+    async with Session(backend, timeouts=timeouts, sweep=False) as s, s.sandbox() as sb:
+        quiet = await sb.exec(["sh", "-c", "sleep 6; echo quiet"])
+        assert quiet.stdout == b"quiet\n"
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(BackendUnavailable, match=r"ReadTimeout after 4s of silence"):
+                await sb.read_file("anything")
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        assert (await sb.exec(["echo", "answering again"])).stdout == b"answering again\n"
+
+
 async def test_unreachable_server_is_backend_unavailable() -> None:
     retries = RetryPolicy(attempts=2, backoff=0.001)
     backend = RemoteBackend("http://127.0.0.1:9", ALICE)
@@ -420,26 +452,46 @@ async def test_a_call_that_never_left_is_retried_by_the_session(
         assert (await _dropping(proxy, 2, sb.run_code("6 * 7"))).text == "42"
 
 
+@pytest.mark.parametrize("attempts", [1, 3])
 async def test_retries_of_a_call_that_never_left_stop_at_the_policys_attempts(
-    make_server: Callable[..., Server], tmp_path: Path
+    make_server: Callable[..., Server], tmp_path: Path, attempts: int
 ) -> None:
-    """The link drops every connection: a command, then a file read, is tried exactly as
-    many times as the RetryPolicy says (one connection each, and no kill sent for a
-    command that never left), and fails with RequestNotSent (retryable). The client used
-    to try each 4 times itself (its ``attempts``), and 4 more to cancel the command."""
-    retries = RetryPolicy(attempts=3, backoff=0.001)
-    async with _behind_a_proxy(make_server, tmp_path, retries) as (sb, proxy):
-        calls: list[Callable[[], Awaitable[object]]] = [
-            lambda: sb.exec(["echo", "never"]),
-            lambda: sb.read_file("nothing"),
-        ]
-        for call in calls:
-            with pytest.raises(RequestNotSent, match="cannot reach") as info:
-                await _dropping(proxy, retries.attempts, call())
-            assert info.value.retryable
-            assert proxy.connections == proxy.dropped + 1  # + the one that opened
-            proxy.drop(0)
-        assert (await sb.exec(["echo", "back"])).stdout == b"back\n"
+    """The Session's RetryPolicy alone says how often a call that never left is tried:
+    with ``attempts`` tries, opening the backend fails after ``attempts`` dropped
+    connections and succeeds after one fewer; then a command, and a file read, over a
+    link that drops every connection, is tried exactly ``attempts`` times (one connection
+    each, and no kill sent for a command that never left) and fails with RequestNotSent
+    (retryable). The client used to try each 4 times itself (its ``attempts``) within
+    each of the Session's tries, and 4 more to cancel the command."""
+    retries = RetryPolicy(attempts=attempts, backoff=0.001)
+    server, cert = await _tls_server(make_server, tmp_path)
+    async with tcp_proxy(_port(server)) as proxy:
+
+        def session() -> Session:
+            backend = RemoteBackend(proxy.url(), ALICE, verify=str(cert), lease_seconds=LONG_LEASE)
+            return Session(backend, retries=retries, sweep=False)
+
+        proxy.drop(attempts)
+        with pytest.raises(RequestNotSent, match="cannot reach"):
+            async with session():
+                pass
+        assert proxy.connections == proxy.dropped == attempts
+        proxy.drop(attempts - 1)
+        async with session() as s, s.sandbox() as sb:
+            assert proxy.dropped == 2 * attempts - 1
+            calls: list[Callable[[], Awaitable[object]]] = [
+                lambda: sb.exec(["echo", "never"]),
+                lambda: sb.read_file("nothing"),
+            ]
+            for call in calls:
+                await proxy.cut()
+                connections = proxy.connections
+                with pytest.raises(RequestNotSent, match="cannot reach") as info:
+                    await _dropping(proxy, attempts, call())
+                assert info.value.retryable
+                assert proxy.connections - connections == attempts
+                proxy.drop(0)
+            assert (await sb.exec(["echo", "back"])).stdout == b"back\n"
 
 
 async def test_a_request_that_was_sent_is_never_retried(
@@ -462,3 +514,34 @@ async def test_a_request_that_was_sent_is_never_retried(
         assert not isinstance(info.value, RequestNotSent)
         assert not info.value.retryable
         assert await sb.read_file("runs.txt") == b"ran\n"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_command_whose_answer_was_lost_is_sent_once(
+    make_server: Callable[..., Server],
+) -> None:
+    """The command's request reaches the server, and its connection is closed as the
+    answer begins (the proxy severs it): it may have run. The RetryPolicy allows 3
+    attempts, yet it is never sent again: the server received one exec, and the error is
+    an infrastructure error, BackendUnavailable (not RequestNotSent, not retryable), so a
+    trainer masks it. A write whose answer was lost is not sent again either."""
+    server = make_server()  # plain HTTP: the proxy sees the server's first answer bytes
+    retries = RetryPolicy(attempts=3, backoff=0.001)
+    async with tcp_proxy(_port(server)) as proxy:
+        backend = RemoteBackend(proxy.url("http"), ALICE, lease_seconds=LONG_LEASE)
+        async with Session(backend, retries=retries, sweep=False) as s, s.sandbox() as sb:
+            calls: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+                ("exec_stream", lambda: sb.exec(["sh", "-c", "echo ran >> runs.txt"])),
+                ("write_file", lambda: sb.write_file("w.txt", b"written")),
+            ]
+            for operation, call in calls:
+                await proxy.cut()  # the call needs a new connection
+                severed = proxy.severed
+                proxy.sever(1)
+                with pytest.raises(BackendUnavailable, match="lost the connection") as info:
+                    await call()
+                assert proxy.severed - severed == 1
+                assert not isinstance(info.value, RequestNotSent)
+                assert not info.value.retryable
+                assert sum(answered(server, operation).values()) == 1, operation
+            assert (await sb.exec(["echo", "after"])).stdout == b"after\n"

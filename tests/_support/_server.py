@@ -12,7 +12,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,10 @@ class TcpProxy:
     * :meth:`drop`: the next ``n`` connections are closed as soon as they are accepted.
       In front of a TLS server their handshake fails, so their request is never sent
       (httpx raises ``ConnectError``).
+    * :meth:`sever`: the next ``n`` connections carry the client's bytes to the server,
+      and are closed, both ways, when the server's first bytes come back: their request
+      reached the server (it began to answer it) and its answer is lost. (In front of a
+      TLS server the server speaks first: sever connections to a plain HTTP one.)
     * :meth:`cut`: close every connection open now (idle pooled ones, and requests in
       flight, which reached the server and lose their answers).
     """
@@ -134,7 +138,10 @@ class TcpProxy:
         """Connections accepted so far."""
         self.dropped = 0
         """Connections closed by :meth:`drop`."""
+        self.severed = 0
+        """Connections closed by :meth:`sever`."""
         self._drop = 0
+        self._sever = 0
         self._live: dict[anyio.CancelScope, anyio.Event] = {}
 
     def url(self, scheme: str = "https") -> str:
@@ -143,6 +150,11 @@ class TcpProxy:
     def drop(self, n: int) -> None:
         """Drop the next ``n`` connections (0: none); what was dropped so far stays counted."""
         self._drop = n
+
+    def sever(self, n: int) -> None:
+        """Sever the next ``n`` connections once their server answers (0: none); what
+        was severed so far stays counted."""
+        self._sever = n
 
     async def cut(self) -> None:
         """Close every connection open now, and return once they are closed."""
@@ -162,6 +174,13 @@ class TcpProxy:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             tg.cancel_scope.cancel()  # one side broke: so does the other
 
+    async def _swallow(self, upstream: anyio.abc.SocketStream, tg: anyio.abc.TaskGroup) -> None:
+        """Wait for the server's first bytes, then close the connection both ways."""
+        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+            await upstream.receive()
+        self.severed += 1
+        tg.cancel_scope.cancel()
+
     async def _handle(self, client: anyio.abc.SocketStream) -> None:
         self.connections += 1
         scope, closed = anyio.CancelScope(), anyio.Event()
@@ -172,11 +191,17 @@ class TcpProxy:
                     self._drop -= 1
                     self.dropped += 1
                     return
+                severing = self._sever > 0
+                if severing:
+                    self._sever -= 1
                 with scope:
                     upstream = await anyio.connect_tcp("127.0.0.1", self.upstream_port)
                     async with upstream, anyio.create_task_group() as tg:
                         tg.start_soon(self._pipe, client, upstream, tg)
-                        tg.start_soon(self._pipe, upstream, client, tg)
+                        if severing:
+                            tg.start_soon(self._swallow, upstream, tg)
+                        else:
+                            tg.start_soon(self._pipe, upstream, client, tg)
         finally:
             del self._live[scope]
             closed.set()

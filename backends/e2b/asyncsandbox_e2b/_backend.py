@@ -32,12 +32,17 @@ import msgspec
 from asyncsandbox import (
     BackendUnavailable,
     InvalidArgument,
-    RequestNotSent,
     SandboxError,
     SandboxInfo,
     SandboxNotFound,
 )
-from asyncsandbox.abc import Backend, BackendCapabilities, SandboxHandle, SandboxSpec
+from asyncsandbox.abc import (
+    Backend,
+    BackendCapabilities,
+    SandboxHandle,
+    SandboxSpec,
+    ServiceConnection,
+)
 from asyncsandbox.log import get_logger
 
 from ._sandbox import E2bSandbox, sandbox_info
@@ -102,9 +107,11 @@ class E2bBackend(Backend):
         ``"enforce"``.
     :param lease_seconds: the timeout each sandbox is given and kept at while in use
         (see the module docstring).
-    :param timeout: seconds any single read or write on a connection may take (envd pings
-        silent commands every 30 s).
-    :param connect_timeout: seconds to establish a connection.
+    :param timeout: removed, like ``connect_timeout``: the deadlines are the Session's
+        :class:`~asyncsandbox.Timeouts`: connecting and each read or write of a request
+        take at most ``operation`` (a create ``create``, a removal ``remove``); a
+        command's stream may be silent for envd's keepalive interval (30 s) and
+        ``operation`` more.
     :param max_connections: size of the connection pool (each running command holds one).
     :param verify: TLS verification: True, False, a CA bundle path or an ``SSLContext``.
 
@@ -125,8 +132,8 @@ class E2bBackend(Backend):
         user: str = "user",
         limits: str | None = None,
         lease_seconds: float = 120.0,
-        timeout: float = 60.0,
-        connect_timeout: float = 10.0,
+        timeout: float | None = None,
+        connect_timeout: float | None = None,
         max_connections: int = 512,
         verify: bool | str | ssl.SSLContext = True,
     ) -> None:
@@ -143,13 +150,15 @@ class E2bBackend(Backend):
                 not isinstance(value, str) or not value.startswith(("http://", "https://"))
             ):
                 raise InvalidArgument(f"{label} must be an http(s) URL, got {value!r}")
-        for label, number in (
-            ("lease_seconds", lease_seconds),
-            ("timeout", timeout),
-            ("connect_timeout", connect_timeout),
-        ):
-            if not 0 < number < math.inf:
-                raise InvalidArgument(f"{label} must be a positive number of seconds")
+        for label, gone in (("timeout", timeout), ("connect_timeout", connect_timeout)):
+            if gone is not None:
+                raise InvalidArgument(
+                    f"E2bBackend({label}=...) is gone: each request is bounded by the "
+                    "Session's Timeouts (operation; create and remove for those calls): "
+                    f"Session(..., timeouts=Timeouts(operation={gone!r}))"
+                )
+        if not 0 < lease_seconds < math.inf:
+            raise InvalidArgument("lease_seconds must be a positive number of seconds")
         if not template or not user:
             raise InvalidArgument("template and user must be non-empty")
         chosen = limits if limits is not None else os.environ.get(LIMITS_ENV) or "enforce"
@@ -165,19 +174,15 @@ class E2bBackend(Backend):
         self.lease_seconds = float(lease_seconds)
         self._key = key.strip()
         self._options: dict[str, Any] = {
-            "timeout": float(timeout),
-            "connect_timeout": float(connect_timeout),
             "max_connections": max_connections,
             "verify": verify,
         }
-        self._http: Http | None = None
+        self._connection: ServiceConnection[Http] = ServiceConnection("an E2bBackend")
         self._control: ControlPlane | None = None
-        self._task_group: anyio.abc.TaskGroup | None = None
         self._leases: dict[str, _Lease] = {}
-        self._closed = False
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("open" if self._http else "new")
+        state = self._connection.state
         return f"<E2bBackend {self.api_url} {state} leased={len(self._leases)}>"
 
     @property
@@ -192,7 +197,7 @@ class E2bBackend(Backend):
 
     @property
     def control(self) -> ControlPlane:
-        if self._control is None:
+        if self._control is None or self._connection.client is None:
             raise BackendUnavailable(
                 "the e2b backend is not open (use it through a Session)", retryable=False
             )
@@ -201,42 +206,19 @@ class E2bBackend(Backend):
     # -- opening and closing ----------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        if self._closed or self._http is not None:
-            raise InvalidArgument("an E2bBackend can be opened once")
-        self._http = Http(cleanup=self.timeouts.cleanup, **self._options)
-        self._control = ControlPlane(self._http, self.api_url, self._key)
-        task_group = anyio.create_task_group()
-        try:
-            # The key and the API, checked once: a wrong one fails here, clearly.
-            await self._control.call(
-                "GET", "/v2/sandboxes", what="list sandboxes", params={"limit": 1}
-            )
-            # Exited in aclose(), which the Session calls from this same task.
-            await task_group.__aenter__()
-        except RequestNotSent:
-            # E2B never saw us: left as new, to be opened again (the Session retries
-            # opening under its RetryPolicy).
-            http, self._http, self._control = self._http, None, None
-            await http.aclose()
-            raise
-        except BaseException:
-            self._closed = True
-            await self._http.aclose()
-            raise
-        self._task_group = task_group
-        task_group.start_soon(self._keep_leases)
+        def connect() -> Http:
+            return Http(timeouts=self.timeouts, **self._options)
+
+        await self._connection.open(connect, self._check, self._keep_leases)
         return self
 
+    async def _check(self, http: Http) -> None:
+        """The key and the API, checked once: a wrong one fails here, clearly."""
+        self._control = ControlPlane(http, self.api_url, self._key)
+        await self._control.call("GET", "/v2/sandboxes", what="list sandboxes", params={"limit": 1})
+
     async def aclose(self) -> None:
-        if self._closed and self._task_group is None:
-            return
-        self._closed = True
-        task_group, self._task_group = self._task_group, None
-        if task_group is not None:
-            task_group.cancel_scope.cancel()
-            await task_group.__aexit__(None, None, None)
-        if self._http is not None:
-            await self._http.aclose()
+        await self._connection.aclose()
 
     # -- leases -----------------------------------------------------------------------
 
@@ -284,7 +266,8 @@ class E2bBackend(Backend):
 
     def envd(self, sandbox_id: str, token: str | None, domain: str | None) -> Envd:
         """The envd of a sandbox (see ``sandbox_url``)."""
-        assert self._http is not None
+        http = self._connection.client
+        assert http is not None
         url = self.sandbox_url
         if url is None:
             where = domain or self.domain
@@ -293,7 +276,7 @@ class E2bBackend(Backend):
                 if where in ROUTED_DOMAINS
                 else f"https://49983-{sandbox_id}.{where}"
             )
-        return Envd(self._http, url, sandbox_id, token, self.user)
+        return Envd(http, url, sandbox_id, token, self.user)
 
     def _handle(
         self,
@@ -333,6 +316,7 @@ class E2bBackend(Backend):
                 body=msgspec.json.encode(body),
                 headers={WORKDIR_HEADER: spec.workdir},
                 ok=(201,),
+                timeout=control.http.within(self.timeouts.create),
             )
             answer = decode(response.content, SandboxAnswer, "create")
         if answer is None:
@@ -387,6 +371,7 @@ class E2bBackend(Backend):
             f"/sandboxes/{quote(sandbox_id, safe='')}",
             what="remove a sandbox",
             ok=(200, 204, 404),
+            timeout=self.control.http.within(self.timeouts.remove),
         )
 
     async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:

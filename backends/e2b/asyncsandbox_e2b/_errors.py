@@ -94,6 +94,16 @@ def api_error(
     return InfrastructureError(f"the E2B API answered {status} to {what}: {message}")
 
 
+def _deadline(exc: httpx.TimeoutException) -> str:
+    """The deadline that ran out, as the request carried it (its ``timeout`` extension)."""
+    phase = {httpx.ReadTimeout: "read", httpx.WriteTimeout: "write"}.get(type(exc))
+    try:
+        seconds = exc.request.extensions.get("timeout", {}).get(phase)
+    except RuntimeError:  # no request: nothing to say
+        return ""
+    return f" after {seconds:g}s of silence" if isinstance(seconds, int | float) else ""
+
+
 def transport_error(exc: httpx.HTTPError, url: str, what: str) -> BackendUnavailable:
     """An httpx failure: the API or the sandbox could not be reached, or the link broke."""
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
@@ -102,7 +112,8 @@ def transport_error(exc: httpx.HTTPError, url: str, what: str) -> BackendUnavail
         return RequestNotSent(f"cannot reach {url} ({what}): {_first(exc)}")
     if isinstance(exc, httpx.TimeoutException):
         return BackendUnavailable(
-            f"{url} did not answer in time ({what}: {type(exc).__name__})", retryable=False
+            f"{url} did not answer in time ({what}: {type(exc).__name__}{_deadline(exc)})",
+            retryable=False,
         )
     return BackendUnavailable(
         f"lost the connection to {url} ({what}): {type(exc).__name__}: {_first(exc)}",

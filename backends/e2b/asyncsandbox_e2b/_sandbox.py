@@ -68,10 +68,6 @@ vanished (the client's own deadline comes first and kills it through the shepher
 TIMEOUT_GRACE = 1.0
 """How long past a command's timeout an exec waits for the runtime's cancellation when
 the shepherd's kill arrived first (its status would otherwise pass for the command's)."""
-TERM_GRACE = 5.0
-"""How long a cancelled command's shepherd gets to kill the tree before ``SIGKILL``."""
-START_WAIT = 5.0
-"""How long a cancelled exec waits for the pid of a command whose start is on its way."""
 SIGNALS = {"killed": 9, "terminated": 15, "interrupt": 2, "hangup": 1, "aborted": 6}
 STATUSES = {"running": SandboxStatus.RUNNING, "paused": SandboxStatus.STOPPED}
 CHUNK = 1 << 20
@@ -339,15 +335,16 @@ class E2bSandbox(SandboxHandle):
 
     async def _stop(self, envd: Envd, process: _Process) -> bool:
         """Kill a process whose exec is cancelled and wait until it is gone (shielded,
-        bounded by ``Timeouts.cleanup``); whether its end was seen (or it never started)."""
+        bounded by ``Timeouts.cleanup``); whether its end was seen (or it never started).
+        The shepherd gets ``SIGTERM`` (it kills the tree) and half of what is left of the
+        deadline before ``SIGKILL``."""
         with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(self._cleanup):
-                with anyio.move_on_after(START_WAIT):
-                    await process.started.wait()
+            with anyio.move_on_after(self._cleanup) as scope:
+                await process.started.wait()  # a start on its way: wait for its pid
                 pid = process.pid
                 if pid is not None and not process.done.is_set():
                     await self._signal(envd, pid, "SIGNAL_SIGTERM")
-                    with anyio.move_on_after(TERM_GRACE):
+                    with anyio.move_on_after((scope.deadline - anyio.current_time()) / 2):
                         await process.done.wait()
                     if not process.done.is_set():
                         await self._signal(envd, pid, "SIGNAL_SIGKILL")

@@ -10,6 +10,13 @@ and carrying the stream's error, if any. The connectrpc package implements this 
 asyncio only (its async client cancels with asyncio's primitives and turns a
 cancellation into an error), so the few lines of framing are here, on httpx.
 
+**Deadlines.** The Session's :class:`~asyncsandbox.Timeouts`, none of this module's own:
+connecting, and each read or write of a request, may take ``timeouts.operation`` unless
+the call says otherwise (:meth:`Http.within`: a create ``timeouts.create``, a removal
+``timeouts.remove``); a Connect stream, which envd keeps alive every
+``KEEPALIVE_SECONDS`` while a command is quiet, may be silent that long and
+``timeouts.operation`` more; shielded cleanups take at most ``timeouts.cleanup``.
+
 **Retries.** None here: each request is sent once. One whose connection could not be
 established was never sent and raises :class:`~asyncsandbox.RequestNotSent`, which the
 Session's ``RetryPolicy`` tries again for every call; what was sent is repeated only where
@@ -29,7 +36,7 @@ import anyio
 import httpx
 import msgspec
 
-from asyncsandbox import BackendUnavailable, InfrastructureError
+from asyncsandbox import BackendUnavailable, InfrastructureError, Timeouts
 from asyncsandbox.log import get_logger
 
 from ._errors import ConnectFailure, api_error, connect_body, envd_http_error, transport_error
@@ -47,7 +54,7 @@ END_STREAM = 0x02
 COMPRESSED = 0x01
 KEEPALIVE_SECONDS = 30
 """Asked of envd (``Keepalive-Ping-Interval``): a silent command's stream carries a
-keepalive this often, well within the read timeout."""
+keepalive this often; its reader waits that long and ``timeouts.operation`` more."""
 
 
 def envelope(message: bytes, flags: int = 0) -> bytes:
@@ -56,22 +63,24 @@ def envelope(message: bytes, flags: int = 0) -> bytes:
 
 
 class Http:
-    """The pooled client (see the module docstring)."""
+    """The pooled client (see the module docstring).
+
+    :param timeouts: the Session's deadlines (``Backend.timeouts``).
+    """
 
     def __init__(
         self,
         *,
-        timeout: float,
-        connect_timeout: float,
+        timeouts: Timeouts,
         max_connections: int,
         verify: bool | str | ssl.SSLContext,
-        cleanup: float,
     ) -> None:
+        self.timeouts = timeouts
         if isinstance(verify, str):
             verify = ssl.create_default_context(cafile=verify)
         self.client = httpx.AsyncClient(
             headers={"user-agent": "asyncsandbox-e2b"},
-            timeout=httpx.Timeout(timeout, connect=connect_timeout, pool=None),
+            timeout=self.within(timeouts.operation),
             limits=httpx.Limits(
                 max_connections=max_connections,
                 max_keepalive_connections=min(64, max_connections),
@@ -80,8 +89,19 @@ class Http:
             verify=verify,
             follow_redirects=False,
         )
-        self.cleanup = cleanup
+        self.cleanup = timeouts.cleanup
         """Seconds a shielded cleanup may take (the Session's ``Timeouts.cleanup``)."""
+
+    def within(self, seconds: float | None) -> httpx.Timeout:
+        """Deadlines for a request each of whose reads and writes may take ``seconds``
+        (None: no limit); connecting may take ``timeouts.operation``."""
+        return httpx.Timeout(seconds, connect=self.timeouts.operation, pool=None)
+
+    def kept_alive(self) -> httpx.Timeout:
+        """Deadlines for a Connect stream, which envd keeps alive every
+        ``KEEPALIVE_SECONDS``: a read may wait that long and ``timeouts.operation`` more."""
+        operation = self.timeouts.operation
+        return self.within(None if operation is None else KEEPALIVE_SECONDS + operation)
 
     async def send(
         self,
@@ -131,13 +151,20 @@ class ControlPlane:
         params: Any = None,
         headers: Mapping[str, str] | None = None,
         ok: tuple[int, ...] = (200, 201, 204),
+        timeout: httpx.Timeout | None = None,
     ) -> httpx.Response:
-        """One call, its answer read whole; an answer outside ``ok`` raises its error."""
+        """One call, its answer read whole; an answer outside ``ok`` raises its error.
+        ``timeout``: its deadlines (:meth:`Http.within`), if not the client's."""
         headers = {**self._headers, **(headers or {})}
         if body is not None:
             headers["content-type"] = "application/json"
         request = self.http.client.build_request(
-            method, self.url + path, content=body, params=params, headers=headers
+            method,
+            self.url + path,
+            content=body,
+            params=params,
+            headers=headers,
+            timeout=timeout or self.http.client.timeout,
         )
         response = await self.http.send(request, what=what, origin=self.url)
         if response.status_code not in ok:
@@ -176,6 +203,7 @@ class Envd:
         params: Any = None,
         content: Any = None,
         headers: Mapping[str, str] | None = None,
+        timeout: httpx.Timeout | None = None,
     ) -> httpx.Request:
         return self.http.client.build_request(
             method,
@@ -183,6 +211,7 @@ class Envd:
             params=params,
             content=content,
             headers={**self.headers, **(headers or {})},
+            timeout=timeout or self.http.client.timeout,
         )
 
     async def unary(self, method: str, message: bytes, *, what: str) -> bytes:
@@ -212,6 +241,7 @@ class Envd:
             f"/{method}",
             content=envelope(message),
             headers={"content-type": "application/connect+json", "connect-protocol-version": "1"},
+            timeout=self.http.kept_alive(),
         )
         response = await self.http.send(request, what=what, origin=self.url, stream=True)
         try:
@@ -223,7 +253,7 @@ class Envd:
                 if _is_connect_error(response):
                     raise connect_body(response.content, response.status_code)
                 raise envd_http_error(response, sandbox_id=self.sandbox_id, what=what)
-            messages = Messages(response, origin=self.url, what=what)
+            messages = Messages(response, origin=self.url, what=what, cleanup=self.http.cleanup)
             try:
                 yield messages
             finally:
@@ -248,7 +278,8 @@ class Messages:
     stream's end raises its error (:class:`ConnectFailure`), if it had one; a stream that
     stops without its end, or a broken link, raises :class:`BackendUnavailable`."""
 
-    def __init__(self, response: httpx.Response, *, origin: str, what: str) -> None:
+    def __init__(self, response: httpx.Response, *, origin: str, what: str, cleanup: float) -> None:
+        self._cleanup = cleanup
         self._chunks = cast(AsyncGenerator[bytes, None], response.aiter_raw())
         self._origin = origin
         self._what = what
@@ -305,7 +336,11 @@ class Messages:
     async def aclose(self) -> None:
         """Close the body's reader (shielded, bounded: it must not be left to the garbage
         collector, which trio warns about)."""
-        with anyio.CancelScope(shield=True), anyio.move_on_after(5), suppress(httpx.HTTPError):
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(self._cleanup),
+            suppress(httpx.HTTPError),
+        ):
             await self._chunks.aclose()
 
     def _finish(self, message: bytes) -> None:

@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 import anyio
-import anyio.abc
 import msgspec
 
 from asyncsandbox import (
@@ -31,7 +30,13 @@ from asyncsandbox import (
     SandboxError,
     SandboxInfo,
 )
-from asyncsandbox.abc import Backend, BackendCapabilities, SandboxHandle, SandboxSpec
+from asyncsandbox.abc import (
+    Backend,
+    BackendCapabilities,
+    SandboxHandle,
+    SandboxSpec,
+    ServiceConnection,
+)
 from asyncsandbox.judge import Checker, JudgeRequest, JudgeResult
 from asyncsandbox.log import get_logger
 
@@ -60,9 +65,8 @@ class RemoteBackend(Backend):
         ``$ASYNCSANDBOX_BASE_URL``).
     :param api_key: the tenant's API key, sent as a bearer token (default:
         ``$ASYNCSANDBOX_API_KEY``). Never logged nor shown in ``repr``.
-    :param timeout: seconds any single read or write on the connection may take (the
-        server pings silent commands, so long commands are fine).
-    :param connect_timeout: seconds to establish a connection.
+    :param timeout: removed, like ``connect_timeout``: the deadlines are the Session's
+        :class:`~asyncsandbox.Timeouts` (see below).
     :param lease_seconds: lease asked for each sandbox (default: the server's). The
         backend renews the leases of its sandboxes in the background; when this process
         vanishes, the server removes them once the lease expires.
@@ -74,6 +78,12 @@ class RemoteBackend(Backend):
     established (:class:`~asyncsandbox.RequestNotSent`: nothing was sent), and the
     lifecycle calls on ``retryable`` errors. A create carries an idempotency key: when its
     answer is lost, it is undone before it is retried.
+
+    Deadlines are the Session's :class:`~asyncsandbox.Timeouts`: connecting, and each read
+    or write of a request, may take ``operation``, or ``create`` and ``remove`` for those
+    calls; a command's or code's answer may be silent for the server's ping interval and
+    ``operation`` more (the server pings it while it is quiet, so long commands are
+    fine); shielded cleanups take at most ``cleanup``.
 
     Works on asyncio and trio. Errors are asyncsandbox errors: a refused key is
     :class:`~asyncsandbox.BackendUnavailable` (not retryable) saying so, quotas answer
@@ -89,8 +99,8 @@ class RemoteBackend(Backend):
         base_url: str | None = None,
         api_key: str | None = None,
         *,
-        timeout: float = 60.0,
-        connect_timeout: float = 10.0,
+        timeout: float | None = None,
+        connect_timeout: float | None = None,
         lease_seconds: float | None = None,
         verify: bool | str | ssl.SSLContext = True,
         max_connections: int = 512,
@@ -107,28 +117,28 @@ class RemoteBackend(Backend):
                 f"the remote backend needs an API key: RemoteBackend(api_key=...) or ${API_KEY_ENV}"
             )
         for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
-            if not 0 < value < float("inf"):
-                raise InvalidArgument(f"{name} must be a positive number of seconds")
+            if value is not None:
+                raise InvalidArgument(
+                    f"RemoteBackend({name}=...) is gone: each request is bounded by the "
+                    "Session's Timeouts (operation; create and remove for those calls): "
+                    f"Session(..., timeouts=Timeouts(operation={value!r}))"
+                )
         if lease_seconds is not None and not 0 < lease_seconds < float("inf"):
             raise InvalidArgument("lease_seconds must be a positive number of seconds or None")
         self.base_url = url.rstrip("/")
         self._key = key.strip()
         self._options: dict[str, Any] = {
-            "timeout": float(timeout),
-            "connect_timeout": float(connect_timeout),
             "max_connections": max_connections,
             "verify": verify,
         }
         self._lease_seconds = lease_seconds
-        self._api: Api | None = None
+        self._connection: ServiceConnection[Api] = ServiceConnection("a RemoteBackend")
         self._info: w.ServerInfo | None = None
         self._caps: BackendCapabilities | None = None
-        self._task_group: anyio.abc.TaskGroup | None = None
         self._leased: set[str] = set()
-        self._closed = False
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("open" if self._api else "new")
+        state = self._connection.state
         return f"<RemoteBackend {self.base_url} {state} leased={len(self._leased)}>"
 
     @property
@@ -143,67 +153,50 @@ class RemoteBackend(Backend):
 
     @property
     def api(self) -> Api:
-        if self._api is None:
+        api = self._connection.client
+        if api is None:
             raise BackendUnavailable(
                 "the remote backend is not open (use it through a Session)", retryable=False
             )
-        return self._api
+        return api
 
     async def __aenter__(self) -> Self:
-        if self._closed or self._api is not None:
-            raise InvalidArgument("a RemoteBackend can be opened once")
-        self._api = Api(self.base_url, self._key, cleanup=self.timeouts.cleanup, **self._options)
-        task_group = anyio.create_task_group()
-        try:
-            response = await self._api.call("GET", "/v1/info", what="info")
-            try:
-                info = w.INFO.decode(response.content)
-            except msgspec.DecodeError as exc:
-                raise BackendUnavailable(
-                    f"{self.base_url} does not answer like an asyncsandbox server: {exc}",
-                    retryable=False,
-                ) from None
-            self._info = info
-            caps = info.capabilities
-            self._caps = BackendCapabilities(
-                isolation=f"remote: {caps.isolation} ({info.backend} at {self.base_url})",
-                enforced_limits=frozenset(caps.enforced_limits),
-                best_effort_limits=caps.best_effort_limits,
-                limits_note=caps.limits_note,
-                network_modes=frozenset(caps.network_modes),
-                reports_signal=caps.reports_signal,
-                snapshots=caps.snapshots,
-                reset=caps.reset,
-            )
-            # Exited in aclose(), which the Session calls from this same task.
-            await task_group.__aenter__()
-        except RequestNotSent:
-            # The server never saw us: left as new, to be opened again (the Session
-            # retries opening under its RetryPolicy).
-            api, self._api = self._api, None
-            await api.aclose()
-            raise
-        except BaseException:
-            self._closed = True
-            await self._api.aclose()
-            raise
-        self._task_group = task_group
-        task_group.start_soon(self._keep_leases)
+        def connect() -> Api:
+            return Api(self.base_url, self._key, timeouts=self.timeouts, **self._options)
+
+        await self._connection.open(connect, self._ask_info, self._keep_leases)
         return self
 
+    async def _ask_info(self, api: Api) -> None:
+        """The server's terms and capabilities (``GET /v1/info``), asked once on opening."""
+        response = await api.call("GET", "/v1/info", what="info")
+        try:
+            info = w.INFO.decode(response.content)
+        except msgspec.DecodeError as exc:
+            raise BackendUnavailable(
+                f"{self.base_url} does not answer like an asyncsandbox server: {exc}",
+                retryable=False,
+            ) from None
+        self._info = info
+        api.ping_interval = info.ping_interval
+        caps = info.capabilities
+        self._caps = BackendCapabilities(
+            isolation=f"remote: {caps.isolation} ({info.backend} at {self.base_url})",
+            enforced_limits=frozenset(caps.enforced_limits),
+            best_effort_limits=caps.best_effort_limits,
+            limits_note=caps.limits_note,
+            network_modes=frozenset(caps.network_modes),
+            reports_signal=caps.reports_signal,
+            snapshots=caps.snapshots,
+            reset=caps.reset,
+        )
+
     async def aclose(self) -> None:
-        if self._closed and self._task_group is None:
-            return
-        self._closed = True
-        task_group, self._task_group = self._task_group, None
-        if task_group is not None:
-            task_group.cancel_scope.cancel()
-            await task_group.__aexit__(None, None, None)
-        if self._api is not None:
-            await self._api.aclose()
+        await self._connection.aclose()
 
     async def _keep_leases(self) -> None:
-        lease = self._lease_seconds or (self._info.lease_seconds if self._info else 60.0)
+        assert self._info is not None  # asked before this task started
+        lease = self._lease_seconds or self._info.lease_seconds
         period = max(0.2, lease / 3)
         while True:
             await anyio.sleep(period)
@@ -254,17 +247,19 @@ class RemoteBackend(Backend):
         body is the request itself): the cases run where the sandbox is, with no round
         trip each."""
         # The server enforces every limit; wait as long as they may take, one case at a
-        # time (a checker's run counts as another case), the builds, and a margin.
+        # time (a checker's run counts as another case), the builds, and the short-call
+        # deadline for the rest.
         per_case = 5 if isinstance(request.comparison, Checker) else 1
         cases = sum(case.time_limit or request.time_limit for case in request.cases)
-        budget = 2 * request.compile_timeout + per_case * cases + 60
+        operation = self.timeouts.operation
+        budget = 2 * request.compile_timeout + per_case * cases
         response = await self.api.call(
             "POST",
             "/v1/judge",
             what="judge",
             content=w.JUDGE.encode(request),
             headers=JSON_HEADERS,
-            read_timeout=budget,
+            timeout=self.api.within(None if operation is None else budget + operation),
         )
         try:
             return w.JUDGE_RESULT.decode(response.content)
@@ -282,6 +277,7 @@ class RemoteBackend(Backend):
                 what="create",
                 content=w.CREATE.encode(body),
                 headers={**JSON_HEADERS, "idempotency-key": key},
+                timeout=api.within(self.timeouts.create),
             )
         except RequestNotSent:
             raise  # the server never saw this create: nothing to undo (retryable)

@@ -92,6 +92,7 @@ class Handlers:
                 max_request_bytes=self.config.max_request_bytes,
                 max_file_bytes=self.config.max_file_bytes,
                 max_upload_bytes=self.config.max_upload_bytes,
+                ping_interval=self.config.ping_interval,
             ),
         )
 

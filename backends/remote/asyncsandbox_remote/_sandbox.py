@@ -141,6 +141,7 @@ class RemoteSandbox(SandboxHandle):
                 sandbox_id=self._id,
                 content=body,
                 headers=JSON_HEADERS,
+                timeout=api.pinged(),
             ) as response:
                 frames = Frames(response, on_output, base_url=api.base_url, sandbox_id=self._id)
                 async with anyio.create_task_group() as tg:
@@ -211,6 +212,7 @@ class RemoteSandbox(SandboxHandle):
                 sandbox_id=self._id,
                 content=w.CODE_REQUEST.encode(request),
                 headers=JSON_HEADERS,
+                timeout=api.pinged(),
             ) as response:
                 return await code_frames(
                     response, on_event, base_url=api.base_url, sandbox_id=self._id
@@ -349,6 +351,7 @@ class RemoteSandbox(SandboxHandle):
                 sandbox_path(self._id, "/reset"),
                 what="reset",
                 sandbox_id=self._id,
+                timeout=self._api.within(self._api.timeouts.remove),
             )
         except SandboxError as exc:
             raise died(exc) from None
@@ -360,6 +363,7 @@ class RemoteSandbox(SandboxHandle):
                 sandbox_path(self._id),
                 what="remove",
                 sandbox_id=self._id,
+                timeout=self._api.within(self._api.timeouts.remove),
             )
         except SandboxNotFound:
             pass  # already gone: removing is idempotent

@@ -40,6 +40,7 @@ from asyncsandbox import (
     SandboxFileError,
     SandboxNotFound,
     SandboxOOMKilled,
+    Timeouts,
 )
 
 from . import _wire as w
@@ -126,6 +127,16 @@ def _first_message(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+def _deadline(exc: httpx.TimeoutException) -> str:
+    """The deadline that ran out, as the request carried it (its ``timeout`` extension)."""
+    phase = {httpx.ReadTimeout: "read", httpx.WriteTimeout: "write"}.get(type(exc))
+    try:
+        seconds = exc.request.extensions.get("timeout", {}).get(phase)
+    except RuntimeError:  # no request: nothing to say
+        return ""
+    return f" after {seconds:g}s of silence" if isinstance(seconds, int | float) else ""
+
+
 def transport_error(exc: httpx.HTTPError, base_url: str, what: str) -> BackendUnavailable:
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         # Raised while connecting, before the request was written (httpx raises them from
@@ -136,7 +147,7 @@ def transport_error(exc: httpx.HTTPError, base_url: str, what: str) -> BackendUn
     if isinstance(exc, httpx.TimeoutException):
         return BackendUnavailable(
             f"the sandbox server at {base_url} did not answer in time ({what}: "
-            f"{type(exc).__name__})",
+            f"{type(exc).__name__}{_deadline(exc)})",
             retryable=False,
         )
     return BackendUnavailable(
@@ -174,26 +185,38 @@ def sandbox_path(sandbox_id: str, suffix: str = "") -> str:
 
 
 class Api:
-    """One pooled httpx client; it sends each request once (see the module docstring)."""
+    """One pooled httpx client; it sends each request once (see the module docstring).
+
+    Its deadlines are the Session's :class:`~asyncsandbox.Timeouts`, none of its own:
+    connecting, and each read or write of a request, may take ``timeouts.operation``
+    unless the call says otherwise (:meth:`within`: a create its ``timeouts.create``, a
+    removal its ``timeouts.remove``); an answer the server pings while it is quiet (an
+    exec's, a run_code's) may be silent for the server's ping interval more
+    (:meth:`pinged`).
+
+    :param timeouts: the Session's deadlines (``Backend.timeouts``).
+    """
 
     def __init__(
         self,
         base_url: str,
         api_key: str,
         *,
-        timeout: float,
-        connect_timeout: float,
+        timeouts: Timeouts,
         max_connections: int,
         verify: bool | str | ssl.SSLContext,
-        cleanup: float,
     ) -> None:
         self.base_url = base_url
+        self.timeouts = timeouts
+        self.ping_interval = 0.0
+        """Seconds after which the server pings a quiet streamed answer (its terms, once
+        known: ``ServerInfo.ping_interval``)."""
         if isinstance(verify, str):
             verify = ssl.create_default_context(cafile=verify)
         self.client = httpx.AsyncClient(
             base_url=base_url,
             headers={"authorization": f"Bearer {api_key}", "user-agent": "asyncsandbox-remote"},
-            timeout=httpx.Timeout(timeout, connect=connect_timeout, pool=None),
+            timeout=self.within(timeouts.operation),
             limits=httpx.Limits(
                 max_connections=max_connections,
                 max_keepalive_connections=min(64, max_connections),
@@ -204,8 +227,19 @@ class Api:
             verify=verify,
             follow_redirects=False,
         )
-        self.cleanup = cleanup
+        self.cleanup = timeouts.cleanup
         """Seconds a shielded cleanup may take (the Session's ``Timeouts.cleanup``)."""
+
+    def within(self, seconds: float | None) -> httpx.Timeout:
+        """Deadlines for a request each of whose reads and writes may take ``seconds``
+        (None: no limit); connecting may take ``timeouts.operation``."""
+        return httpx.Timeout(seconds, connect=self.timeouts.operation, pool=None)
+
+    def pinged(self) -> httpx.Timeout:
+        """Deadlines for a request whose answer the server pings while it is quiet: a
+        read may wait for the ping interval and ``timeouts.operation`` more."""
+        operation = self.timeouts.operation
+        return self.within(None if operation is None else self.ping_interval + operation)
 
     async def send(
         self,
@@ -217,17 +251,18 @@ class Api:
         params: Any = None,
         content: Any = None,
         headers: Mapping[str, str] | None = None,
-        read_timeout: float | None = None,
+        timeout: httpx.Timeout | None = None,
     ) -> httpx.Response:
         """Send a request once and return the answer, whatever its status; one whose
-        connection could not be established raises :class:`~asyncsandbox.RequestNotSent`."""
-        timeout = self.client.timeout
-        if read_timeout is not None:
-            timeout = httpx.Timeout(
-                connect=timeout.connect, read=read_timeout, write=timeout.write, pool=None
-            )
+        connection could not be established raises :class:`~asyncsandbox.RequestNotSent`.
+        ``timeout``: its deadlines (:meth:`within`, :meth:`pinged`), if not the client's."""
         request = self.client.build_request(
-            method, path, params=params, content=content, headers=headers, timeout=timeout
+            method,
+            path,
+            params=params,
+            content=content,
+            headers=headers,
+            timeout=timeout or self.client.timeout,
         )
         try:
             return await self.client.send(request, stream=stream)
@@ -244,7 +279,7 @@ class Api:
         params: Any = None,
         content: Any = None,
         headers: Mapping[str, str] | None = None,
-        read_timeout: float | None = None,
+        timeout: httpx.Timeout | None = None,
     ) -> httpx.Response:
         """A unary call: the answer, read whole; error answers raise mapped errors."""
         response = await self.send(
@@ -254,7 +289,7 @@ class Api:
             params=params,
             content=content,
             headers=headers,
-            read_timeout=read_timeout,
+            timeout=timeout,
         )
         if response.status_code >= 400:
             raise self.error(response, sandbox_id)
@@ -279,6 +314,7 @@ class Api:
         params: Any = None,
         content: Any = None,
         headers: Mapping[str, str] | None = None,
+        timeout: httpx.Timeout | None = None,
     ) -> AsyncIterator[httpx.Response]:
         """A streamed answer (status checked). Leaving the block closes the connection if
         the body was not read to the end: that is how the server learns we are gone."""
@@ -290,6 +326,7 @@ class Api:
             params=params,
             content=content,
             headers=headers,
+            timeout=timeout,
         )
         try:
             if response.status_code >= 400:

@@ -293,6 +293,10 @@ class ServerInfo(_Message, kw_only=True):
     max_request_bytes: int = 0
     max_file_bytes: int = 0
     max_upload_bytes: int | None = None
+    ping_interval: float = 10.0
+    """Seconds of silence after which the server sends a ping frame in a streamed answer
+    (an exec's, a run_code's): a client may wait that long, and its own short-call
+    deadline more, before taking the link for lost."""
 
 
 # -- the code interpreter -----------------------------------------------------------------
