@@ -83,11 +83,11 @@ class ServiceConnection(Generic[ClientT]):
         except RequestNotSent:
             # The service never saw us: left as new, to be opened again.
             self._client = None
-            await client.aclose()
+            await _close(client)
             raise
         except BaseException:
             self._closed = True
-            await client.aclose()
+            await _close(client)
             raise
         self._task_group = task_group
         task_group.start_soon(background)
@@ -107,3 +107,11 @@ class ServiceConnection(Generic[ClientT]):
             await task_group.__aexit__(None, None, None)
         if self._client is not None:
             await self._client.aclose()
+
+
+async def _close(client: _Closable) -> None:
+    """Close ``client`` on an exit path: shielded, so that a cancellation (the one being
+    raised, perhaps) does not leave its connections open; closing a pool only closes its
+    sockets."""
+    with anyio.CancelScope(shield=True):
+        await client.aclose()
