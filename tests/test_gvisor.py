@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,8 +28,9 @@ from asyncsandbox import (
     Sandbox,
     SandboxDefaults,
     Session,
+    Timeouts,
 )
-from asyncsandbox._process import ProcessBackend, _select
+from asyncsandbox._process import ProcessAttributes, ProcessBackend, _select
 from asyncsandbox.judge import Program, TestCase, Verdict
 
 from ._support import FORK_UNTIL_REFUSED, gvisor_unavailable, new_process_root, unique_marker
@@ -51,14 +53,52 @@ def root() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def session(root: Path, defaults: SandboxDefaults | None = None, **options: Any) -> Session:
+def session(
+    root: Path,
+    defaults: SandboxDefaults | None = None,
+    timeouts: Timeouts | None = None,
+    **options: Any,
+) -> Session:
     return Session(
         "process",
         backend_options={"root": root, "isolation": "gvisor", **options},
         defaults=defaults,
+        timeouts=timeouts,
         sweep=False,
         report_to=[],
     )
+
+
+def runsc_processes(sandbox_root: Path) -> dict[int, str]:
+    """The host's runsc processes of one sandbox (``runsc run``, and the gVisor sandbox's
+    kernel and file server: ``runsc-sandbox``, ``runsc-gofer``), by pid: every one names
+    the sandbox's state directory (``--root``) on its command line."""
+    state = str(sandbox_root / "gvisor" / "state").encode()
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            argv = Path("/proc", name, "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(state in arg for arg in argv) and Path(argv[0].decode()).name.startswith("runsc"):
+            found[int(name)] = argv[0].decode()
+    return found
+
+
+def wedge(sandbox_root: Path) -> list[int]:
+    """Stop (SIGSTOP) the sandbox's gVisor kernel and file server, as a gVisor sandbox
+    that hangs does: nothing inside answers any more. Their pids."""
+    stopped = [
+        pid
+        for pid, name in runsc_processes(sandbox_root).items()
+        if name in ("runsc-sandbox", "runsc-gofer")
+    ]
+    assert len(stopped) == 2, runsc_processes(sandbox_root)
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    return stopped
 
 
 @asynccontextmanager
@@ -130,6 +170,56 @@ async def test_timeout_and_cancel_kill_the_whole_tree(root: Path) -> None:
         with anyio.move_on_after(1):
             await sb.exec(tree)
         assert (await sb.exec(["python3", "-c", listing], check=True)).stdout_text == ""
+
+
+# Wedged: a command's timeout (and a cancellation) ends it within the cleanup deadline.
+WEDGE_TIMEOUT = 3.0  # the command's own: long enough to start on a busy machine
+WEDGE_CLEANUP = 3.0
+# Time to kill and reap the given-up gVisor sandbox's host processes, on top of the
+# contract's deadline (timeout + cleanup); less than the 5 s the old code waited on top.
+WEDGE_SLACK = 2.0
+
+
+@pytest.mark.timeout(180)  # the old code: ~2 x (timeout + cleanup + 5 s), plus starts
+async def test_a_wedged_gvisor_sandbox_is_given_up_within_the_cleanup_deadline(
+    root: Path,
+) -> None:
+    """gVisor's kernel and file server stop answering (SIGSTOP, from the host) while a
+    command runs: its timeout, and a cancellation, still end the exec within the timeout
+    plus ``Timeouts.cleanup`` (the executor's kill is asked for, not confirmed, and the
+    whole gVisor sandbox is killed from the host), the wedged processes are gone, the
+    sandbox goes on through a new gVisor sandbox, and removing it leaves no runsc
+    process."""
+    if reason := gvisor_unavailable():
+        pytest.skip(reason)
+    command = ["sh", "-c", f"echo started; exec sleep {unique_marker()}"]
+    deadline = WEDGE_TIMEOUT + WEDGE_CLEANUP + WEDGE_SLACK
+
+    async def run_wedged(sb: Sandbox, stopped: list[int], timeout: float | None) -> None:
+        async with sb.exec_stream(command, timeout=timeout) as run:
+            assert (await run.__anext__()).text == "started\n"
+            stopped += wedge(sb.extra(ProcessAttributes.root))
+            await run.wait()
+
+    async with session(root, timeouts=Timeouts(cleanup=WEDGE_CLEANUP)) as s, s.sandbox() as sb:
+        sandbox_root = sb.extra(ProcessAttributes.root)
+        await sb.exec(["true"], check=True)  # its gVisor sandbox is up
+        stopped: list[int] = []
+        # The timeout: ExecTimeout, the deadline held.
+        with anyio.fail_after(deadline), pytest.raises(ExecTimeout):
+            await run_wedged(sb, stopped, WEDGE_TIMEOUT)
+        assert stopped
+        assert not set(stopped) & set(runsc_processes(sandbox_root)), stopped
+        assert (await sb.exec(["echo", "on"], check=True)).stdout_text == "on\n"
+        # A cancellation: the scope exits, the deadline held.
+        stopped.clear()
+        with anyio.fail_after(deadline), anyio.move_on_after(WEDGE_TIMEOUT) as scope:
+            await run_wedged(sb, stopped, None)
+        assert scope.cancelled_caught
+        assert stopped
+        assert not set(stopped) & set(runsc_processes(sandbox_root)), stopped
+        assert (await sb.exec(["echo", "on"], check=True)).stdout_text == "on\n"
+    assert runsc_processes(sandbox_root) == {}
 
 
 async def test_commands_cannot_kill_the_executor(root: Path) -> None:
