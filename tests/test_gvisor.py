@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from structlog.testing import capture_logs
 
@@ -33,7 +33,14 @@ from asyncsandbox import (
 from asyncsandbox._process import ProcessAttributes, ProcessBackend, _select
 from asyncsandbox.judge import Program, TestCase, Verdict
 
-from ._support import FORK_UNTIL_REFUSED, gvisor_unavailable, new_process_root, unique_marker
+from ._support import (
+    FORK_UNTIL_REFUSED,
+    gvisor_unavailable,
+    new_process_root,
+    runsc_processes,
+    unique_marker,
+    wedge_gvisor,
+)
 
 # A system call the host's kernel serves to an unprivileged, filtered command (Linux 5.13+,
 # allowed by our filter) and gVisor's kernel does not implement: landlock_create_ruleset,
@@ -67,38 +74,6 @@ def session(
         sweep=False,
         report_to=[],
     )
-
-
-def runsc_processes(sandbox_root: Path) -> dict[int, str]:
-    """The host's runsc processes of one sandbox (``runsc run``, and the gVisor sandbox's
-    kernel and file server: ``runsc-sandbox``, ``runsc-gofer``), by pid: every one names
-    the sandbox's state directory (``--root``) on its command line."""
-    state = str(sandbox_root / "gvisor" / "state").encode()
-    found = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            argv = Path("/proc", name, "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(state in arg for arg in argv) and Path(argv[0].decode()).name.startswith("runsc"):
-            found[int(name)] = argv[0].decode()
-    return found
-
-
-def wedge(sandbox_root: Path) -> list[int]:
-    """Stop (SIGSTOP) the sandbox's gVisor kernel and file server, as a gVisor sandbox
-    that hangs does: nothing inside answers any more. Their pids."""
-    stopped = [
-        pid
-        for pid, name in runsc_processes(sandbox_root).items()
-        if name in ("runsc-sandbox", "runsc-gofer")
-    ]
-    assert len(stopped) == 2, runsc_processes(sandbox_root)
-    for pid in stopped:
-        os.kill(pid, signal.SIGSTOP)
-    return stopped
 
 
 @asynccontextmanager
@@ -196,30 +171,35 @@ async def test_a_wedged_gvisor_sandbox_is_given_up_within_the_cleanup_deadline(
     deadline = WEDGE_TIMEOUT + WEDGE_CLEANUP + WEDGE_SLACK
 
     async def run_wedged(sb: Sandbox, stopped: list[int], timeout: float | None) -> None:
+        state = str(sb.extra(ProcessAttributes.root) / "gvisor" / "state")
         async with sb.exec_stream(command, timeout=timeout) as run:
             assert (await run.__anext__()).text == "started\n"
-            stopped += wedge(sb.extra(ProcessAttributes.root))
+            stopped += wedge_gvisor(state)
             await run.wait()
 
     async with session(root, timeouts=Timeouts(cleanup=WEDGE_CLEANUP)) as s, s.sandbox() as sb:
-        sandbox_root = sb.extra(ProcessAttributes.root)
+        state = str(sb.extra(ProcessAttributes.root) / "gvisor" / "state")  # runsc --root
         await sb.exec(["true"], check=True)  # its gVisor sandbox is up
         stopped: list[int] = []
         # The timeout: ExecTimeout, the deadline held.
-        with anyio.fail_after(deadline), pytest.raises(ExecTimeout):
-            await run_wedged(sb, stopped, WEDGE_TIMEOUT)
+        with anyio.fail_after(deadline):
+            with pytest.raises(ExecTimeout):
+                await run_wedged(sb, stopped, WEDGE_TIMEOUT)
+            await anyio.lowlevel.checkpoint()  # past the deadline: TimeoutError
         assert stopped
-        assert not set(stopped) & set(runsc_processes(sandbox_root)), stopped
+        assert not set(stopped) & set(runsc_processes(state)), stopped
         assert (await sb.exec(["echo", "on"], check=True)).stdout_text == "on\n"
         # A cancellation: the scope exits, the deadline held.
         stopped.clear()
-        with anyio.fail_after(deadline), anyio.move_on_after(WEDGE_TIMEOUT) as scope:
-            await run_wedged(sb, stopped, None)
+        with anyio.fail_after(deadline):
+            with anyio.move_on_after(WEDGE_TIMEOUT) as scope:
+                await run_wedged(sb, stopped, None)
+            await anyio.lowlevel.checkpoint()
         assert scope.cancelled_caught
         assert stopped
-        assert not set(stopped) & set(runsc_processes(sandbox_root)), stopped
+        assert not set(stopped) & set(runsc_processes(state)), stopped
         assert (await sb.exec(["echo", "on"], check=True)).stdout_text == "on\n"
-    assert runsc_processes(sandbox_root) == {}
+    assert runsc_processes(state) == {}
 
 
 async def test_commands_cannot_kill_the_executor(root: Path) -> None:
