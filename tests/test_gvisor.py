@@ -163,8 +163,8 @@ async def test_a_wedged_gvisor_sandbox_is_given_up_within_the_cleanup_deadline(
     command runs: its timeout, and a cancellation, still end the exec within the timeout
     plus ``Timeouts.cleanup`` (the executor's kill is asked for, not confirmed, and the
     whole gVisor sandbox is killed from the host), the wedged processes are gone, the
-    sandbox goes on through a new gVisor sandbox, and removing it leaves no runsc
-    process."""
+    sandbox goes on through a new gVisor sandbox, and removing it (wedged again, idle)
+    leaves no runsc process."""
     if reason := gvisor_unavailable():
         pytest.skip(reason)
     command = ["sh", "-c", f"echo started; exec sleep {unique_marker()}"]
@@ -199,6 +199,8 @@ async def test_a_wedged_gvisor_sandbox_is_given_up_within_the_cleanup_deadline(
         assert stopped
         assert not set(stopped) & set(runsc_processes(state)), stopped
         assert (await sb.exec(["echo", "on"], check=True)).stdout_text == "on\n"
+        # Wedged with no command running: the sandbox's removal still ends it.
+        wedge_gvisor(state)
     assert runsc_processes(state) == {}
 
 
