@@ -8,15 +8,33 @@ Needs a daemon with the ``runsc`` runtime (``.ci/docker.sh`` configures it, as
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 
+import anyio
+import anyio.lowlevel
 import pytest
 from asyncsandbox_docker import DockerBackend
 
-from asyncsandbox import BackendUnavailable, Resources, SandboxDefaults, Session
+from asyncsandbox import (
+    BackendUnavailable,
+    Resources,
+    Sandbox,
+    SandboxDefaults,
+    SandboxDied,
+    Session,
+    Timeouts,
+)
 from asyncsandbox.testing import CHECKS, Check
 
-from ._support import FORK_UNTIL_REFUSED, docker_test_image, require_runsc_runtime
+from ._support import (
+    FORK_UNTIL_REFUSED,
+    docker_test_image,
+    require_runsc_runtime,
+    unique_marker,
+    wedge_gvisor,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_engine", "runsc_runtime")]
 IMAGE = docker_test_image()
@@ -86,3 +104,70 @@ async def test_the_pids_limit_is_enforced_inside_gvisor() -> None:
         after = await sb.exec(["echo", "ok"], check=True)
     assert result.stdout_text.split() == ["stopped", "True", "11"], result
     assert after.stdout_text == "ok\n"
+
+
+# Wedged: a command's timeout (and a cancellation) ends it within the cleanup deadline.
+WEDGE_TIMEOUT = 3.0  # the command's own: long enough to start on a busy machine
+WEDGE_CLEANUP = 3.0
+WEDGE_SLACK = 2.0  # a daemon round trip or two, on top of the contract's deadline
+
+
+@pytest.mark.timeout(180)
+async def test_a_wedged_gvisor_container_ends_the_exec_within_the_cleanup_deadline() -> None:
+    """The container's gVisor kernel and file server stop answering (SIGSTOP, from the
+    host) while a command runs (or before it): its timeout, and a cancellation, still end the exec
+    within the timeout plus ``Timeouts.cleanup``, as :class:`SandboxDied` (the executor
+    did not confirm the kill: the command's end is unknown, and the sandbox cannot go on).
+
+    What the backend cannot do: end the wedged gVisor sandbox. The daemon's removal asks
+    runsc to kill it (``runsc kill``, run by containerd's shim), which asks the wedged
+    sandbox and waits without a deadline (``docker rm -f`` still hung after 90 s here), and
+    the daemon may be another host's; so the container is left to the sweep
+    (``docker.sandbox.left_for_sweep``), and the session's exit does not wait for it. The
+    test ends the wedge (SIGKILL) and removes the containers itself."""
+    command = ["sh", "-c", f"echo started; exec sleep {unique_marker()}"]
+    deadline = WEDGE_TIMEOUT + WEDGE_CLEANUP + WEDGE_SLACK
+    stopped: list[int] = []
+    containers: list[str] = []
+
+    async def container_of(sb: Sandbox) -> None:
+        assert sb.id is not None
+        inspect = await anyio.run_process(["docker", "inspect", "--format", "{{.Id}}", sb.id])
+        containers.append(inspect.stdout.decode().strip())
+
+    async def run_wedged(sb: Sandbox, timeout: float) -> None:
+        await container_of(sb)
+        async with sb.exec_stream(command, timeout=timeout) as run:
+            assert (await run.__anext__()).text == "started\n"
+            stopped.extend(wedge_gvisor(containers[-1]))
+            await run.wait()
+
+    try:
+        timeouts = Timeouts(cleanup=WEDGE_CLEANUP)
+        async with Session(backend(), timeouts=timeouts, sweep=False) as s:
+            async with s.sandbox() as sb:
+                await sb.exec(["true"], check=True)
+                with anyio.fail_after(deadline):
+                    with pytest.raises(SandboxDied):
+                        await run_wedged(sb, WEDGE_TIMEOUT)
+                    await anyio.lowlevel.checkpoint()  # past the deadline: TimeoutError
+                with pytest.raises(SandboxDied):
+                    await sb.exec(["true"])
+            async with s.sandbox() as sb:
+                await sb.exec(["true"], check=True)
+                # (Wedged before the command: an exec_stream left by a cancellation drops
+                # the error, so a plain exec, whose start nothing outside can see.)
+                await container_of(sb)
+                stopped.extend(wedge_gvisor(containers[-1]))
+                with anyio.fail_after(deadline):
+                    with pytest.raises(SandboxDied), anyio.move_on_after(WEDGE_TIMEOUT):
+                        await sb.exec(command)
+                    await anyio.lowlevel.checkpoint()
+        assert len(stopped) == 4
+    finally:
+        for pid in stopped:  # the wedge ends: the daemon can remove the containers
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if containers:
+            with anyio.fail_after(60), anyio.CancelScope(shield=True):
+                await anyio.run_process(["docker", "rm", "-f", *containers], check=False)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from structlog.testing import capture_logs
 
@@ -27,11 +28,19 @@ from asyncsandbox import (
     Sandbox,
     SandboxDefaults,
     Session,
+    Timeouts,
 )
-from asyncsandbox._process import ProcessBackend, _select
+from asyncsandbox._process import ProcessAttributes, ProcessBackend, _select
 from asyncsandbox.judge import Program, TestCase, Verdict
 
-from ._support import FORK_UNTIL_REFUSED, gvisor_unavailable, new_process_root, unique_marker
+from ._support import (
+    FORK_UNTIL_REFUSED,
+    gvisor_unavailable,
+    new_process_root,
+    runsc_processes,
+    unique_marker,
+    wedge_gvisor,
+)
 
 # A system call the host's kernel serves to an unprivileged, filtered command (Linux 5.13+,
 # allowed by our filter) and gVisor's kernel does not implement: landlock_create_ruleset,
@@ -51,11 +60,17 @@ def root() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def session(root: Path, defaults: SandboxDefaults | None = None, **options: Any) -> Session:
+def session(
+    root: Path,
+    defaults: SandboxDefaults | None = None,
+    timeouts: Timeouts | None = None,
+    **options: Any,
+) -> Session:
     return Session(
         "process",
         backend_options={"root": root, "isolation": "gvisor", **options},
         defaults=defaults,
+        timeouts=timeouts,
         sweep=False,
         report_to=[],
     )
@@ -130,6 +145,63 @@ async def test_timeout_and_cancel_kill_the_whole_tree(root: Path) -> None:
         with anyio.move_on_after(1):
             await sb.exec(tree)
         assert (await sb.exec(["python3", "-c", listing], check=True)).stdout_text == ""
+
+
+# Wedged: a command's timeout (and a cancellation) ends it within the cleanup deadline.
+WEDGE_TIMEOUT = 3.0  # the command's own: long enough to start on a busy machine
+WEDGE_CLEANUP = 3.0
+# Time to kill and reap the given-up gVisor sandbox's host processes, on top of the
+# contract's deadline (timeout + cleanup); less than the 5 s the old code waited on top.
+WEDGE_SLACK = 2.0
+
+
+@pytest.mark.timeout(180)  # the old code: ~2 x (timeout + cleanup + 5 s), plus starts
+async def test_a_wedged_gvisor_sandbox_is_given_up_within_the_cleanup_deadline(
+    root: Path,
+) -> None:
+    """gVisor's kernel and file server stop answering (SIGSTOP, from the host) while a
+    command runs: its timeout, and a cancellation, still end the exec within the timeout
+    plus ``Timeouts.cleanup`` (the executor's kill is asked for, not confirmed, and the
+    whole gVisor sandbox is killed from the host), the wedged processes are gone, the
+    sandbox goes on through a new gVisor sandbox, and removing it (wedged again, idle)
+    leaves no runsc process."""
+    if reason := gvisor_unavailable():
+        pytest.skip(reason)
+    command = ["sh", "-c", f"echo started; exec sleep {unique_marker()}"]
+    deadline = WEDGE_TIMEOUT + WEDGE_CLEANUP + WEDGE_SLACK
+
+    async def run_wedged(sb: Sandbox, stopped: list[int], timeout: float | None) -> None:
+        state = str(sb.extra(ProcessAttributes.root) / "gvisor" / "state")
+        async with sb.exec_stream(command, timeout=timeout) as run:
+            assert (await run.__anext__()).text == "started\n"
+            stopped += wedge_gvisor(state)
+            await run.wait()
+
+    async with session(root, timeouts=Timeouts(cleanup=WEDGE_CLEANUP)) as s, s.sandbox() as sb:
+        state = str(sb.extra(ProcessAttributes.root) / "gvisor" / "state")  # runsc --root
+        await sb.exec(["true"], check=True)  # its gVisor sandbox is up
+        stopped: list[int] = []
+        # The timeout: ExecTimeout, the deadline held.
+        with anyio.fail_after(deadline):
+            with pytest.raises(ExecTimeout):
+                await run_wedged(sb, stopped, WEDGE_TIMEOUT)
+            await anyio.lowlevel.checkpoint()  # past the deadline: TimeoutError
+        assert stopped
+        assert not set(stopped) & set(runsc_processes(state)), stopped
+        assert (await sb.exec(["echo", "on"], check=True)).stdout_text == "on\n"
+        # A cancellation: the scope exits, the deadline held.
+        stopped.clear()
+        with anyio.fail_after(deadline):
+            with anyio.move_on_after(WEDGE_TIMEOUT) as scope:
+                await run_wedged(sb, stopped, None)
+            await anyio.lowlevel.checkpoint()
+        assert scope.cancelled_caught
+        assert stopped
+        assert not set(stopped) & set(runsc_processes(state)), stopped
+        assert (await sb.exec(["echo", "on"], check=True)).stdout_text == "on\n"
+        # Wedged with no command running: the sandbox's removal still ends it.
+        wedge_gvisor(state)
+    assert runsc_processes(state) == {}
 
 
 async def test_commands_cannot_kill_the_executor(root: Path) -> None:

@@ -32,8 +32,11 @@ Trust model (what a command can and cannot do to the executor):
   before the command exists.
 * A timeout or a cancellation asks the executor to kill the command's init (and with it
   the namespace, and everything in it); if the executor does not confirm within
-  ``Timeouts.cleanup`` it is given up (killed with every command of the sandbox) and the
-  sandbox goes on through a new one.
+  ``Timeouts.cleanup`` it is given up: killed from the host at once, with every process
+  under it (every command of the sandbox; with gVisor, the whole gVisor sandbox: runsc,
+  its kernel and its file server, which may be what stopped answering), and the sandbox
+  goes on through a new one. So the exec ends within its timeout plus the cleanup
+  deadline, however the executor hangs.
 * The sandbox's files, ``/tmp``, ``/dev/shm`` and network namespace are shared by its
   commands (as in a container): one episode, one trust domain. Between sandboxes nothing
   is shared, exactly as on the per-command path.
@@ -46,6 +49,8 @@ from __future__ import annotations
 import array
 import contextlib
 import marshal
+import os
+import signal
 import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -53,6 +58,7 @@ from typing import Any
 import anyio
 
 from .._errors import InfrastructureError, LaunchError
+from ._path import descendants
 from ._spawn import Child, Watched
 
 
@@ -68,10 +74,14 @@ class _Command:
 
 
 class Executor:
-    """The host side of one sandbox's resident executor."""
+    """The host side of one sandbox's resident executor.
 
-    def __init__(self, process: Child, control: socket.socket) -> None:
+    :param grace: seconds it may take to stop when asked (:meth:`aclose`), and to be
+        reaped once killed (the backend's ``Timeouts.cleanup``)."""
+
+    def __init__(self, process: Child, control: socket.socket, *, grace: float) -> None:
         self.process = process
+        self._grace = grace
         self._control = control
         self._watched = Watched(control.fileno(), control.close)
         self._commands: dict[int, _Command] = {}
@@ -205,12 +215,53 @@ class Executor:
             raise ExecutorGone(f"the sandbox's executor is gone ({self._gone})")
 
     async def aclose(self) -> None:
-        """Stop the executor (it kills every command) and reap it."""
-        self._give_up("the executor was closed")
-        self._watched.close()  # wakes our reader, then closes it
+        """Stop the executor (it kills every command and exits) and reap it; if it has not
+        exited within the grace, kill it as :meth:`abandon` does."""
+        await self._close("the executor was closed", grace=self._grace)
+
+    async def abandon(self) -> None:
+        """Kill the executor from the host now, with every process under it, without
+        asking it (it stopped answering: with gVisor, its kernel may be what hangs), and
+        reap it (within the grace)."""
+        await self._close("the executor stopped answering and was killed", grace=0)
+
+    async def _close(self, why: str, *, grace: float) -> None:
+        self._give_up(why)
+        self._watched.close()  # wakes our reader, then closes it (the executor sees EOF)
+        # Shielded: a cancelled caller must not leave the executor (and the commands under
+        # it) running; bounded: the grace to exit, then killed and the grace to be reaped.
         with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(5):
-                await self.process.wait()
-            if self.process.returncode is None:
-                self.process.kill()
-            await self.process.aclose()
+            if grace > 0:
+                with anyio.move_on_after(grace):
+                    await self.process.wait()
+            under: list[int] = []
+            try:
+                if self.process.returncode is None:
+                    under = self._kill_tree()
+                with anyio.move_on_after(self._grace):
+                    await self.process.aclose()
+                    for pidfd in under:  # readable once that process exited
+                        await anyio.wait_readable(pidfd)
+            finally:
+                for pidfd in under:
+                    os.close(pidfd)
+
+    def _kill_tree(self) -> list[int]:
+        """SIGKILL the executor's process and everything under it, the deepest first;
+        return pidfds of those under it, to wait for. For gVisor: runsc, then the
+        sandbox's kernel and file server and the kernel's host processes, which runsc's
+        death alone would leave to ``PDEATHSIG`` (Go forks them from any of its threads,
+        and that signal follows the thread), and which take a while to exit."""
+        pidfds = []
+        for pid in reversed(descendants(self.process.pid)):
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:  # gone already (or no pidfds here: killed by pid, not awaited)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                continue
+            pidfds.append(pidfd)
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        self.process.kill()
+        return pidfds

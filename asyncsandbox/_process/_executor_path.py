@@ -91,7 +91,7 @@ class ExecutorPath(Path):
                     with anyio.move_on_after(box.timeouts.cleanup) as scope:
                         await executor.kill(run.command)
                     if scope.cancelled_caught:
-                        await self._drop(executor)
+                        await self._drop(executor, abandon=True)
         finally:
             run.close()
 
@@ -111,7 +111,10 @@ class ExecutorPath(Path):
             try:
                 with anyio.fail_after(self.box.timeouts.cleanup):
                     await executor.reset()
-            except (InfrastructureError, TimeoutError):
+            except TimeoutError:  # it stopped answering: killed, not asked again
+                await self._drop(executor, abandon=True)
+                executor = None
+            except InfrastructureError:
                 executor = None
         if executor is None or not executor.alive:
             executor = None
@@ -163,7 +166,7 @@ class ExecutorPath(Path):
             theirs.close()
         box.processes.add(process)
         ours.setblocking(False)
-        executor = Executor(process, ours)
+        executor = Executor(process, ours, grace=box.timeouts.cleanup)
         try:
             output = LaunchOutput(process.stderr)
             if not await output.started():
@@ -192,8 +195,11 @@ class ExecutorPath(Path):
                     if not executor.busy:
                         await self._drop(executor)
 
-    async def _drop(self, executor: Executor) -> None:
+    async def _drop(self, executor: Executor, *, abandon: bool = False) -> None:
+        """Stop the executor (``abandon``: kill it, with its whole process tree, without
+        asking: it stopped answering)."""
         if self.executor is executor:
             self.executor = None
-        await executor.aclose()
-        self.box.processes.discard(executor.process)
+        await (executor.abandon() if abandon else executor.aclose())
+        if executor.process.returncode is not None:  # else the sandbox's removal kills it
+            self.box.processes.discard(executor.process)

@@ -27,7 +27,9 @@ from ._host import (
     processes_gone as processes_gone,
     processes_with as processes_with,
     running as running,
+    runsc_processes as runsc_processes,
     unique_marker as unique_marker,
+    wedge_gvisor as wedge_gvisor,
 )
 from ._process import (
     PROCESS_MECHANISMS as PROCESS_MECHANISMS,

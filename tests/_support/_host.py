@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import uuid
 from pathlib import Path
 
@@ -47,3 +48,29 @@ async def processes_gone(marker: str, *, within: float) -> list[str]:
     with contextlib.suppress(AssertionError):
         await eventually_async(lambda: not processes_with(marker), within=within)
     return processes_with(marker)
+
+
+def runsc_processes(carried: str) -> dict[int, str]:
+    """The host's runsc processes of one gVisor sandbox (``runsc run`` or the runtime's
+    shim, and the sandbox's kernel and file server: ``runsc-sandbox``, ``runsc-gofer``), by
+    pid, with their program: those whose command line carries ``carried`` (the process
+    backend: the sandbox's runsc state directory; Docker: the container's full id)."""
+    found = {}
+    for line in processes_with(carried):
+        pid, _, command = line.partition(": ")
+        program = Path(command.split(" ", 1)[0]).name
+        if "runsc" in program:
+            found[int(pid)] = program
+    return found
+
+
+def wedge_gvisor(carried: str) -> list[int]:
+    """Stop (SIGSTOP) the kernel and the file server of the gVisor sandbox whose runsc
+    processes carry ``carried``, as a gVisor sandbox that hangs: nothing inside answers
+    any more. Their pids (SIGKILL them to end the wedge)."""
+    found = runsc_processes(carried)
+    stopped = [pid for pid, name in found.items() if name in ("runsc-sandbox", "runsc-gofer")]
+    assert len(stopped) == 2, found
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    return stopped
