@@ -151,10 +151,12 @@ async def test_timeout_and_cancel_kill_the_whole_tree(root: Path) -> None:
 WEDGE_TIMEOUT = 3.0  # the command's own: long enough to start on a busy machine
 WEDGE_CLEANUP = 3.0
 # Time to kill and reap the given-up gVisor sandbox's host processes, on top of the
-# contract's deadline (timeout + cleanup); less than the 5 s the old code waited on top.
-WEDGE_SLACK = 2.0
+# contract's deadline (timeout + cleanup), on a machine as loaded as CI's; less than the
+# 5 s the old code waited on top.
+WEDGE_SLACK = 4.0
 
 
+@pytest.mark.slow  # it waits out deadlines: about 15 s a loop
 @pytest.mark.timeout(180)  # the old code: ~2 x (timeout + cleanup + 5 s), plus starts
 async def test_a_wedged_gvisor_sandbox_is_given_up_within_the_cleanup_deadline(
     root: Path,
