@@ -127,13 +127,28 @@ def _scale_live(m: Measurement, index: Index) -> str:
     return str(_result(m).get("live", "-")) if m["status"] == "ok" else f"**{m['status']}**"
 
 
+def _cpu_ms_per_op(m: Measurement | None, cores: int) -> float | None:
+    """Milliseconds of CPU the system used per operation of a point: its processes' share
+    of the machine (``cpu.ours``: the worker, and for Ray the whole local cluster, whose
+    processes descend from it) times the point's seconds, over the operations done."""
+    if m is None or m["status"] != "ok" or not m.get("result"):
+        return None
+    result, share = m["result"], (m.get("cpu") or {}).get("ours")
+    done = result.get("ok") or result.get("count")
+    if not isinstance(share, int | float) or not done or not result.get("seconds"):
+        return None
+    return 1000 * float(share) * float(result["seconds"]) * cores / float(done)
+
+
 def _ray_section(run: dict[str, Any], index: Index) -> list[str]:
     """Ray's hop: each asyncsandbox-ray figure beside the nodes' backend run directly."""
+    cores = int(run.get("machine", {}).get("cores") or 1)
     rows = []
     for m in [m for w in ("exec", "lifecycle", "rollout") for m in of_workload(w, run)]:
         if m["system"] != "asyncsandbox-ray":
             continue
         direct = index.get(m["workload"], RAY_DIRECT, m["params"])
+        cpu_direct, cpu_ray = _cpu_ms_per_op(direct, cores), _cpu_ms_per_op(m, cores)
         rows.append(
             [
                 m["workload"],
@@ -141,6 +156,9 @@ def _ray_section(run: dict[str, Any], index: Index) -> list[str]:
                 fmt_number(metric_of(direct, "throughput")),
                 fmt_number(metric_of(m, "throughput")) if m["status"] == "ok" else m["status"],
                 fmt_x(index.ratio(m, RAY_DIRECT)),
+                fmt_number(cpu_direct),
+                fmt_number(cpu_ray),
+                fmt_x(cpu_direct / cpu_ray if cpu_direct and cpu_ray else None),
                 errors_cell(m),
                 other_cell(m),
             ]
@@ -154,11 +172,25 @@ def _ray_section(run: dict[str, Any], index: Index) -> list[str]:
             f'The same points through `Session("ray")` (each call to the sandbox\'s node '
             f"agent, which runs it on the process backend) and on the process backend in the "
             f"driver (`{RAY_DIRECT}`), in this run. Per second: rollouts, execs, or "
-            "create+remove cycles."
+            "create+remove cycles. CPU ms per operation: the system's processes' CPU (the "
+            "worker's, and for Ray the whole local cluster's: raylets, GCS, node agents, "
+            "sandboxes) over the point, per rollout, exec or cycle; `x direct (CPU)` is "
+            "their ratio (above 1: Ray used less)."
         ),
         "",
         *md_table(
-            ["workload", "point", f"{RAY_DIRECT} /s", "ray /s", "x direct", "errors", "other CPU"],
+            [
+                "workload",
+                "point",
+                f"{RAY_DIRECT} /s",
+                "ray /s",
+                "x direct",
+                "CPU ms/op direct",
+                "CPU ms/op ray",
+                "x direct (CPU)",
+                "errors",
+                "other CPU",
+            ],
             rows,
         ),
         "",

@@ -25,6 +25,7 @@ from typing import Any, Self
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import anyio.to_thread
 import msgspec
 import sniffio
@@ -61,6 +62,9 @@ NAMESPACE = "asyncsandbox"
 NODE_TABLE_TTL = 2.0
 CALL_GRACE = 15.0
 """How long past its own wait a call to a node may take before the node counts as dead."""
+COALESCE = 4
+"""Event-loop turns a link waits before it sends: the callers its last answers woke make
+their next calls meanwhile, and those go in one exchange."""
 AVOID_FOR = 30.0
 """Seconds a node whose create failed as unavailable (gone, or its engine down) is not
 chosen, while Ray's node table may still list it as alive."""
@@ -142,6 +146,125 @@ def _unwrap(answer: Any, sandbox_id: str | None) -> Any:
     return value
 
 
+class _Reply:
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+class _Link:
+    """This backend's calls to one node's agent, carried many to a Ray call
+    (:meth:`NodeAgent.exchange <asyncsandbox_ray._node.NodeAgent.exchange>`): calls made
+    while an exchange is on its way go together in the next one, and each exchange brings
+    back every answer ready on the node. At most ``IN_FLIGHT`` exchanges are on their way
+    at once; while calls are unanswered, one is always waiting on the node for their
+    answers (a long poll shared by every sandbox of the node). An exchange that fails
+    (the actor died, or the node did not answer within ``POLL_WAIT + CALL_GRACE``) fails
+    every call sent to the node and not answered yet, with Ray's error, which the caller
+    translates as it did for a call of its own. Until the first answer there is no
+    deadline: the actor may still be starting (a worker process, seconds on a busy node),
+    and each call has its own."""
+
+    IN_FLIGHT = 2
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+        self.id = uuid.uuid4().hex
+        self.scope = anyio.CancelScope()
+        self._queue: dict[int, tuple[str, tuple[Any, ...]]] = {}
+        self._sent: dict[int, _Reply] = {}
+        self._replies: dict[int, _Reply] = {}
+        self._numbers = 0
+        self._in_flight = 0
+        self._wake = anyio.Event()
+        self._closed: BaseException | None = None
+        self._answered = False
+
+    async def call(self, method: str, args: tuple[Any, ...], wait: float | None) -> Any:
+        """``method(*args)`` on the node; Ray's errors are raised as Ray raised them."""
+        if self._closed is not None:
+            raise self._closed
+        self._numbers += 1
+        number = self._numbers
+        reply = self._replies[number] = _Reply()
+        self._queue[number] = (method, args)
+        self._wake.set()
+        try:
+            with anyio.fail_after(wait):
+                await reply.done.wait()
+        finally:
+            # Not sent yet: it never will be (a cancelled call does nothing on the node).
+            self._queue.pop(number, None)
+            self._replies.pop(number, None)
+            self._sent.pop(number, None)
+        if reply.error is not None:
+            raise reply.error
+        return reply.value
+
+    async def pump(self) -> None:
+        """Send exchanges while there are calls to send or answers to wait for (a task of
+        the backend's task group, one per node)."""
+        try:
+            with self.scope:
+                await self._pump()
+        finally:
+            self._close(BackendUnavailable("the Ray backend is closed"))
+
+    async def _pump(self) -> None:
+        async with anyio.create_task_group() as tg:
+            while True:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                # The callers woken by the last answers make their next calls now: they
+                # go together.
+                for _ in range(COALESCE):
+                    await anyio.lowlevel.checkpoint()
+                while (self._queue and self._in_flight < self.IN_FLIGHT) or (
+                    self._sent and not self._in_flight
+                ):
+                    ops, self._queue = self._queue, {}
+                    self._in_flight += 1
+                    tg.start_soon(self._exchange, ops)
+
+    def _close(self, error: BaseException) -> None:
+        self._closed = error
+        for reply in [*self._sent.values(), *self._replies.values()]:
+            if not reply.done.is_set():
+                reply.error = error
+                reply.done.set()
+
+    async def _exchange(self, ops: dict[int, tuple[str, tuple[Any, ...]]]) -> None:
+        wire = []
+        for number, (method, args) in ops.items():
+            reply = self._replies.get(number)
+            if reply is not None:  # else cancelled meanwhile
+                self._sent[number] = reply
+                wire.append((number, method, args))
+        try:
+            ref = self.actor.exchange.remote(self.id, wire)
+            answers = await _result(ref, POLL_WAIT + CALL_GRACE if self._answered else None)
+            self._answered = True
+        except Exception as exc:  # noqa: BLE001 - each call sent gets it, and translates it
+            sent, self._sent = self._sent, {}
+            for reply in sent.values():
+                reply.error = exc
+                reply.done.set()
+        else:
+            for number, returned, value in answers:
+                reply = self._sent.pop(number, None)
+                if reply is None:
+                    continue  # its caller gave up
+                if returned:
+                    reply.value = value
+                else:
+                    reply.error = BackendUnavailable(f"the Ray node failed: {value}")
+                reply.done.set()
+        finally:
+            self._in_flight -= 1
+            self._wake.set()
+
+
 class _Nodes:
     """Finds (or makes) the agent actor of a node; cached per backend."""
 
@@ -172,6 +295,10 @@ class _Nodes:
                     num_cpus=0,
                     max_restarts=0,
                     max_concurrency=10_000,
+                    # A data-plane actor: Ray's task events would report each of its
+                    # calls to the control plane (CPU per call on the driver, the actor
+                    # and the GCS); its failures are reported by this backend.
+                    enable_task_events=False,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 )
                 .remote(self.kind, self.options, self.lease_ttl)
@@ -260,6 +387,7 @@ class RayBackend(Backend):
         self._placed: dict[str, int] = {}  # node id -> sandboxes of this backend there
         self._avoid: dict[str, float] = {}  # node id -> until when no sandbox goes there
         self._task_group: anyio.abc.TaskGroup | None = None
+        self._links: dict[str, _Link] = {}  # node key -> this backend's link to its agent
 
     @property
     def capabilities(self) -> BackendCapabilities:
@@ -314,6 +442,20 @@ class RayBackend(Backend):
             task_group, self._task_group = self._task_group, None
             task_group.cancel_scope.cancel()
             await task_group.__aexit__(None, None, None)
+
+    def _link(self, node_id: str, actor: Any) -> _Link:
+        """This backend's link to ``actor``, the agent of ``node_id`` (a new one when the
+        node's actor was found anew)."""
+        key = node_id[:16]
+        link = self._links.get(key)
+        if link is None or link.actor is not actor:
+            # (A link replaced stays with the sandboxes that use it: their calls fail
+            # as that actor's calls do.)
+            if self._task_group is None:
+                raise BackendUnavailable("the Ray backend is not open")
+            link = self._links[key] = _Link(actor)
+            self._task_group.start_soon(link.pump)
+        return link
 
     # -- placement -----------------------------------------------------------------------
 
@@ -380,8 +522,9 @@ class RayBackend(Backend):
                 actor = self._nodes.cached(node_id)
                 if actor is None:
                     actor = await anyio.to_thread.run_sync(self._nodes.get_or_create, node_id)
-                ref = actor.create.remote(token, self._owner, self._nodes.lease_ttl, wire)
-                local_id = _unwrap(await _result(ref, None), None)
+                link = self._link(node_id, actor)
+                args = (token, self._owner, self._nodes.lease_ttl, wire)
+                local_id = _unwrap(await link.call("create", args, None), None)
         except BaseException as exc:
             self._released(node_id)
             if isinstance(exc, BackendUnavailable):  # the node may be gone: look again
@@ -397,7 +540,7 @@ class RayBackend(Backend):
                     except Exception as error:  # noqa: BLE001 - the node is gone; so is the sandbox
                         log.debug("ray.create.abandon_failed", node=node_id, error=repr(error))
             raise
-        return RaySandbox(self, actor, node_id, local_id, spec.workdir, spec.env)
+        return RaySandbox(self, link, node_id, local_id, spec.workdir, spec.env)
 
     async def attach(self, sandbox_id: str) -> SandboxHandle:
         match = _ID.fullmatch(sandbox_id)
@@ -410,7 +553,7 @@ class RayBackend(Backend):
         with _ray_errors(None, "attach"):
             _unwrap(await _result(actor.attach.remote(local_id), CALL_GRACE), sandbox_id)
             where = await _result(actor.where.remote(), CALL_GRACE)
-        return RaySandbox(self, actor, where["node_id"], local_id)
+        return RaySandbox(self, self._link(key, actor), where["node_id"], local_id)
 
     async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
         nodes = await anyio.to_thread.run_sync(_alive_nodes)
@@ -442,14 +585,15 @@ class RaySandbox(SandboxHandle):
     def __init__(
         self,
         backend: RayBackend,
-        actor: Any,
+        link: _Link,
         node_id: str,
         local_id: str,
         workdir: str = "/workspace",
         env: Mapping[str, str] | None = None,
     ) -> None:
         self._backend = backend
-        self._actor = actor
+        self._link = link
+        self._actor = link.actor
         self._node_id = node_id
         self._local = local_id
         self._id = f"r-{node_id[:16]}-{local_id}"
@@ -471,8 +615,7 @@ class RaySandbox(SandboxHandle):
 
     async def _call(self, method: str, *args: Any, wait: float = CALL_GRACE) -> Any:
         with _ray_errors(self._id, method):
-            ref = getattr(self._actor, method).remote(self._local, *args)
-            return _unwrap(await _result(ref, wait), self._id)
+            return _unwrap(await self._link.call(method, (self._local, *args), wait), self._id)
 
     async def exec(
         self,
@@ -507,8 +650,8 @@ class RaySandbox(SandboxHandle):
                     returncode, signal, oom = status
                     return ExitStatus(returncode=returncode, signal=signal, oom_killed=oom)
                 with _ray_errors(self._id, "exec"):
-                    ref = self._actor.exec_poll.remote(run_id)
-                    chunks, status, error = await _result(ref, POLL_WAIT + CALL_GRACE)
+                    answer = await self._link.call("exec_poll", (run_id,), POLL_WAIT + CALL_GRACE)
+                    chunks, status, error = answer
         except BaseException:
             if status is None and error is None:
                 # Shielded and bounded: the command's tree must be killed on its node
@@ -541,8 +684,8 @@ class RaySandbox(SandboxHandle):
                 if execution is not None:
                     return execution
                 with _ray_errors(self._id, "run_code"):
-                    ref = self._actor.code_poll.remote(run_id)
-                    events, execution, error = await _result(ref, POLL_WAIT + CALL_GRACE)
+                    answer = await self._link.call("code_poll", (run_id,), POLL_WAIT + CALL_GRACE)
+                    events, execution, error = answer
         except BaseException:
             if execution is None and error is None:
                 # Shielded and bounded: the call is interrupted on its node (killed if it

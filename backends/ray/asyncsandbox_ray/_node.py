@@ -68,8 +68,14 @@ from ._wire import WireError, error_to_wire
 OWNER_LABEL = "asyncsandbox.ray.owner"
 POLL_WAIT = 2.0
 """Longest a poll waits for output before answering empty (so a dead node is noticed)."""
-LINGER = 0.005
-"""After the first output arrives, how long a poll waits for more before answering."""
+LINGER = 0.2
+"""After the first output arrives, how long a poll waits for the command to end (or for
+``BATCH_BYTES`` of output) before answering: a short command's output comes just before
+its exit, and answering with both saves a round trip (two calls per command became one:
+see backends/ray/README.md). Output of a long command streams in batches at least this
+often."""
+BATCH_BYTES = 64 * 1024
+"""Output that makes a lingering poll answer at once."""
 BUFFER_BYTES = 4 * 1024 * 1024
 """Output a command may have waiting for its driver before it is paused (backpressure)."""
 ORPHAN_AFTER = 30.0
@@ -105,6 +111,7 @@ class _Run:
         self.execution: Execution | None = None
         self.error: WireError | None = None
         self.changed = asyncio.Event()
+        self.answer = asyncio.Event()  # ended, or BATCH_BYTES waiting: a lingering poll answers
         self.drained = asyncio.Event()
         self.drained.set()
         self.task: asyncio.Task[None] | None = None
@@ -128,12 +135,57 @@ class _Run:
         self.chunks.append(item)
         self.size += size
         self.changed.set()
+        if self.size >= BATCH_BYTES:
+            self.answer.set()
 
     def take(self) -> list[Any]:
         chunks, self.chunks, self.size = self.chunks, [], 0
         self.changed.clear()
+        if not self.ended:
+            self.answer.clear()
         self.drained.set()
         return chunks
+
+
+EXCHANGED = frozenset(
+    {
+        "create",
+        "inspect",
+        "remove",
+        "read_file",
+        "write_file",
+        "put_archive",
+        "get_archive",
+        "exec_start",
+        "exec_poll",
+        "code_start",
+        "code_poll",
+        "code_contexts",
+    }
+)
+"""The methods a driver may call through :meth:`NodeAgent.exchange`."""
+
+Op = tuple[int, str, tuple[Any, ...]]
+"""One call carried by an exchange: the driver's number for it, the method, its arguments."""
+Answer = tuple[int, bool, Any]
+"""A call's answer: its number, whether the method returned (else it raised: the value
+says what), the value."""
+
+
+class _Link:
+    """The exchanges of one driver (backend) with this node: the answers not yet taken,
+    and who waits for them."""
+
+    def __init__(self) -> None:
+        self.answers: list[Answer] = []
+        self.running = 0
+        self.turn = 0  # the newest exchange waits; an older one answers at once
+        self.changed = asyncio.Event()
+        self.seen = time.monotonic()
+
+    def notify(self) -> None:
+        changed, self.changed = self.changed, asyncio.Event()
+        changed.set()
 
 
 class NodeAgent:
@@ -148,6 +200,7 @@ class NodeAgent:
         self._lock = asyncio.Lock()
         self._handles: dict[str, SandboxHandle] = {}
         self._runs: dict[str, _Run] = {}
+        self._links: dict[str, _Link] = {}
         self._leases: dict[str, float] = {}
         self._killed: dict[str, float] = {}  # run ids killed before they started
         self._abandoned: dict[str, float] = {}  # create tokens the driver gave up on
@@ -270,6 +323,49 @@ class NodeAgent:
             backend = await self._open()
             handle = self._handles[local_id] = await backend.attach(local_id)
         return handle
+
+    # -- many calls in one round trip ---------------------------------------------------
+
+    async def exchange(self, link_id: str, ops: list[Op]) -> list[Answer]:
+        """Start the calls ``ops`` of the driver's link ``link_id``, and answer with every
+        answer of that link ready so far, waiting up to ``POLL_WAIT`` for one while calls
+        run. A newer exchange of the link takes the wait over: the older answers at once
+        (with what is ready), so a driver always has a free exchange to send new calls
+        with. Calls answered after their exchange went back wait for the next one.
+
+        One Ray call carries the calls (and answers) of many sandboxes: under load each
+        costs a fraction of a round trip (see backends/ray/README.md)."""
+        link = self._links.get(link_id)
+        if link is None:
+            link = self._links[link_id] = _Link()
+        link.seen = time.monotonic()
+        loop = asyncio.get_running_loop()
+        for number, method, args in ops:
+            link.running += 1
+            task = loop.create_task(self._op(link, number, method, args))
+            task.add_done_callback(lambda _: None)
+        link.turn += 1
+        turn = link.turn
+        link.notify()  # the older exchange answers now
+        await asyncio.sleep(0)  # calls that answer at once go back with this exchange
+        with anyio.move_on_after(POLL_WAIT):
+            while not link.answers and link.running and link.turn == turn:
+                await link.changed.wait()
+        answers, link.answers = link.answers, []
+        link.seen = time.monotonic()
+        return answers
+
+    async def _op(self, link: _Link, number: int, method: str, args: tuple[Any, ...]) -> None:
+        try:
+            if method not in EXCHANGED:
+                raise InvalidArgument(f"no node call {method!r}")
+            answer: Answer = (number, True, await getattr(self, method)(*args))
+        except Exception as exc:  # noqa: BLE001 - the driver reports it (as Ray did)
+            answer = (number, False, f"{type(exc).__name__}: {exc}")
+        finally:
+            link.running -= 1
+        link.answers.append(answer)
+        link.notify()
 
     # -- facts about the node (placement checks, tests) ---------------------------------
 
@@ -493,6 +589,7 @@ class NodeAgent:
                 raise
             finally:
                 run.changed.set()
+                run.answer.set()
 
         run.task = asyncio.get_running_loop().create_task(task())
         run.task.add_done_callback(lambda _: None)
@@ -616,8 +713,11 @@ class NodeAgent:
         if not run.chunks and not run.ended:
             with anyio.move_on_after(POLL_WAIT):
                 await run.changed.wait()
-            if not run.ended:
-                await asyncio.sleep(LINGER)  # gather a little more per round trip
+        if run.chunks and not run.answer.is_set():
+            # Output, and the command still runs: give it a moment to end, so that a short
+            # command's output and exit status go back in one answer.
+            with anyio.move_on_after(LINGER):
+                await run.answer.wait()
 
     async def reap_orphans(self) -> int:
         """Kill commands nobody polled for ``ORPHAN_AFTER`` seconds; forget old tokens."""
@@ -629,6 +729,9 @@ class NodeAgent:
         for token, (_, when) in list(self._created.items()):
             if now - when > ORPHAN_AFTER:
                 del self._created[token]
+        for link_id, link in list(self._links.items()):
+            if now - link.seen > ORPHAN_AFTER and not link.running:
+                del self._links[link_id]  # its driver is gone: nobody takes its answers
         stale = [rid for rid, run in self._runs.items() if now - run.polled > ORPHAN_AFTER]
         for rid in stale:
             await self.exec_kill(rid)
