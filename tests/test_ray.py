@@ -114,10 +114,10 @@ def _node_of(resource: str) -> str:
 
 async def _where(sandbox: Any) -> dict[str, Any]:
     """Facts reported by the actor on the sandbox's node (its Ray runtime context)."""
-    from asyncsandbox_ray._backend import _result
+    from asyncsandbox_ray._link import result
 
     handle: Any = sandbox._life.handle
-    return dict(await _result(handle._actor.where.remote(), 30))
+    return dict(await result(handle._actor.where.remote(), 30))
 
 
 # -- placement --------------------------------------------------------------------------
@@ -436,11 +436,12 @@ async def test_many_rollouts_leave_nothing(ray_cluster: LocalCluster) -> None:
                 tg.start_soon(rollout, i)
         assert await session.list(tags=[tag]) == []
     import ray
-    from asyncsandbox_ray._backend import NAMESPACE, _alive_nodes, _result
+    from asyncsandbox_ray._backend import NAMESPACE, _alive_nodes
+    from asyncsandbox_ray._link import result
 
     for node in _alive_nodes():
         actor = ray.get_actor(f"asyncsandbox-{node['NodeID'][:16]}-process", namespace=NAMESPACE)
-        where = await _result(actor.where.remote(), 30)
+        where = await result(actor.where.remote(), 30)
         assert where["runs"] == 0, where
 
 

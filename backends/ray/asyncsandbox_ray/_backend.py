@@ -12,14 +12,11 @@ deadline is too (a node that stopped answering), so nothing hangs.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
-import concurrent.futures
 import re
-import threading
 import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any, Self
 
@@ -28,7 +25,6 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 import msgspec
-import sniffio
 from anyio import TypedAttributeSet, typed_attribute
 
 from asyncsandbox import (
@@ -53,6 +49,7 @@ from asyncsandbox.abc import (
 )
 from asyncsandbox.log import get_logger
 
+from ._link import CALL_GRACE, Link, future_result, in_daemon_thread, result
 from ._node import OWNER_LABEL, POLL_WAIT, NodeAgent
 from ._wire import error_from_wire
 
@@ -60,11 +57,6 @@ __all__ = ("RayAttributes", "RayBackend")
 
 NAMESPACE = "asyncsandbox"
 NODE_TABLE_TTL = 2.0
-CALL_GRACE = 15.0
-"""How long past its own wait a call to a node may take before the node counts as dead."""
-COALESCE = 4
-"""Event-loop turns a link waits before it sends: the callers its last answers woke make
-their next calls meanwhile, and those go in one exchange."""
 AVOID_FOR = 30.0
 """Seconds a node whose create failed as unavailable (gone, or its engine down) is not
 chosen, while Ray's node table may still list it as alive."""
@@ -106,163 +98,11 @@ def _ray_errors(sandbox_id: str | None, what: str) -> Iterator[None]:
         raise BackendUnavailable(f"Ray failed ({what}): {type(exc).__name__}: {exc}") from exc
 
 
-async def _result(ref: Any, deadline: float | None) -> Any:
-    """Await a Ray object ref on asyncio or trio (through its concurrent future)."""
-    return await _future_result(ref.future(), deadline)
-
-
-async def _future_result(future: concurrent.futures.Future[Any], deadline: float | None) -> Any:
-    """Await a concurrent future on asyncio or trio."""
-    with anyio.fail_after(deadline):
-        if sniffio.current_async_library() == "asyncio":
-            return await asyncio.wrap_future(future)
-        import trio
-
-        token = trio.lowlevel.current_trio_token()
-        done = trio.Event()
-        future.add_done_callback(lambda _: token.run_sync_soon(done.set))
-        await done.wait()
-        return future.result()
-
-
-def _in_daemon_thread(function: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-    """``function()`` run in a daemon thread of its own: its future."""
-    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    def run() -> None:
-        try:
-            future.set_result(function())
-        except BaseException as exc:  # noqa: BLE001 - the future carries it to the caller
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name="asyncsandbox-ray-connect", daemon=True).start()
-    return future
-
-
 def _unwrap(answer: Any, sandbox_id: str | None) -> Any:
     status, value = answer
     if status == "error":
         raise error_from_wire(value, sandbox_id=sandbox_id)
     return value
-
-
-class _Reply:
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-
-class _Link:
-    """This backend's calls to one node's agent, carried many to a Ray call
-    (:meth:`NodeAgent.exchange <asyncsandbox_ray._node.NodeAgent.exchange>`): calls made
-    while an exchange is on its way go together in the next one, and each exchange brings
-    back every answer ready on the node. At most ``IN_FLIGHT`` exchanges are on their way
-    at once; while calls are unanswered, one is always waiting on the node for their
-    answers (a long poll shared by every sandbox of the node). An exchange that fails
-    (the actor died, or the node did not answer within ``POLL_WAIT + CALL_GRACE``) fails
-    every call sent to the node and not answered yet, with Ray's error, which the caller
-    translates as it did for a call of its own. Until the first answer there is no
-    deadline: the actor may still be starting (a worker process, seconds on a busy node),
-    and each call has its own."""
-
-    IN_FLIGHT = 2
-
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
-        self.id = uuid.uuid4().hex
-        self.scope = anyio.CancelScope()
-        self._queue: dict[int, tuple[str, tuple[Any, ...]]] = {}
-        self._sent: dict[int, _Reply] = {}
-        self._replies: dict[int, _Reply] = {}
-        self._numbers = 0
-        self._in_flight = 0
-        self._wake = anyio.Event()
-        self._closed: BaseException | None = None
-        self._answered = False
-
-    async def call(self, method: str, args: tuple[Any, ...], wait: float | None) -> Any:
-        """``method(*args)`` on the node; Ray's errors are raised as Ray raised them."""
-        if self._closed is not None:
-            raise self._closed
-        self._numbers += 1
-        number = self._numbers
-        reply = self._replies[number] = _Reply()
-        self._queue[number] = (method, args)
-        self._wake.set()
-        try:
-            with anyio.fail_after(wait):
-                await reply.done.wait()
-        finally:
-            # Not sent yet: it never will be (a cancelled call does nothing on the node).
-            self._queue.pop(number, None)
-            self._replies.pop(number, None)
-            self._sent.pop(number, None)
-        if reply.error is not None:
-            raise reply.error
-        return reply.value
-
-    async def pump(self) -> None:
-        """Send exchanges while there are calls to send or answers to wait for (a task of
-        the backend's task group, one per node)."""
-        try:
-            with self.scope:
-                await self._pump()
-        finally:
-            self._close(BackendUnavailable("the Ray backend is closed"))
-
-    async def _pump(self) -> None:
-        async with anyio.create_task_group() as tg:
-            while True:
-                await self._wake.wait()
-                self._wake = anyio.Event()
-                # The callers woken by the last answers make their next calls now: they
-                # go together.
-                for _ in range(COALESCE):
-                    await anyio.lowlevel.checkpoint()
-                while (self._queue and self._in_flight < self.IN_FLIGHT) or (
-                    self._sent and not self._in_flight
-                ):
-                    ops, self._queue = self._queue, {}
-                    self._in_flight += 1
-                    tg.start_soon(self._exchange, ops)
-
-    def _close(self, error: BaseException) -> None:
-        self._closed = error
-        for reply in [*self._sent.values(), *self._replies.values()]:
-            if not reply.done.is_set():
-                reply.error = error
-                reply.done.set()
-
-    async def _exchange(self, ops: dict[int, tuple[str, tuple[Any, ...]]]) -> None:
-        wire = []
-        for number, (method, args) in ops.items():
-            reply = self._replies.get(number)
-            if reply is not None:  # else cancelled meanwhile
-                self._sent[number] = reply
-                wire.append((number, method, args))
-        try:
-            ref = self.actor.exchange.remote(self.id, wire)
-            answers = await _result(ref, POLL_WAIT + CALL_GRACE if self._answered else None)
-            self._answered = True
-        except Exception as exc:  # noqa: BLE001 - each call sent gets it, and translates it
-            sent, self._sent = self._sent, {}
-            for reply in sent.values():
-                reply.error = exc
-                reply.done.set()
-        else:
-            for number, returned, value in answers:
-                reply = self._sent.pop(number, None)
-                if reply is None:
-                    continue  # its caller gave up
-                if returned:
-                    reply.value = value
-                else:
-                    reply.error = BackendUnavailable(f"the Ray node failed: {value}")
-                reply.done.set()
-        finally:
-            self._in_flight -= 1
-            self._wake.set()
 
 
 class _Nodes:
@@ -387,7 +227,7 @@ class RayBackend(Backend):
         self._placed: dict[str, int] = {}  # node id -> sandboxes of this backend there
         self._avoid: dict[str, float] = {}  # node id -> until when no sandbox goes there
         self._task_group: anyio.abc.TaskGroup | None = None
-        self._links: dict[str, _Link] = {}  # node key -> this backend's link to its agent
+        self._links: dict[str, Link] = {}  # node key -> this backend's link to its agent
 
     @property
     def capabilities(self) -> BackendCapabilities:
@@ -401,7 +241,7 @@ class RayBackend(Backend):
         # In a daemon thread, abandoned if cancelled (a deadline of the caller): ray.init
         # cannot be interrupted, and waits for as long as a cluster that does not answer
         # lets it; nor may it keep the interpreter from exiting.
-        await _future_result(_in_daemon_thread(self._connect), None)
+        await future_result(in_daemon_thread(self._connect), None)
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
@@ -433,7 +273,7 @@ class RayBackend(Backend):
         for key in list(self._nodes.actors):
             actor = self._nodes.actors[key]
             try:
-                await _result(actor.renew.remote(self._owner, self._nodes.lease_ttl), CALL_GRACE)
+                await result(actor.renew.remote(self._owner, self._nodes.lease_ttl), CALL_GRACE)
             except Exception as exc:  # noqa: BLE001 - a dead node: its sandboxes report it themselves
                 log.debug("ray.lease.renew_failed", node=key, error=repr(exc))
 
@@ -443,7 +283,7 @@ class RayBackend(Backend):
             task_group.cancel_scope.cancel()
             await task_group.__aexit__(None, None, None)
 
-    def _link(self, node_id: str, actor: Any) -> _Link:
+    def _link(self, node_id: str, actor: Any) -> Link:
         """This backend's link to ``actor``, the agent of ``node_id`` (a new one when the
         node's actor was found anew)."""
         key = node_id[:16]
@@ -453,7 +293,7 @@ class RayBackend(Backend):
             # as that actor's calls do.)
             if self._task_group is None:
                 raise BackendUnavailable("the Ray backend is not open")
-            link = self._links[key] = _Link(actor)
+            link = self._links[key] = Link(actor)
             self._task_group.start_soon(link.pump)
         return link
 
@@ -536,7 +376,7 @@ class RayBackend(Backend):
                 # node is told to remove what it makes (or made) for this token.
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeouts.cleanup):
                     try:
-                        await _result(actor.abandon.remote(token), None)
+                        await result(actor.abandon.remote(token), None)
                     except Exception as error:  # noqa: BLE001 - the node is gone; so is the sandbox
                         log.debug("ray.create.abandon_failed", node=node_id, error=repr(error))
             raise
@@ -551,8 +391,8 @@ class RayBackend(Backend):
         if actor is None:
             raise SandboxNotFound(sandbox_id)
         with _ray_errors(None, "attach"):
-            _unwrap(await _result(actor.attach.remote(local_id), CALL_GRACE), sandbox_id)
-            where = await _result(actor.where.remote(), CALL_GRACE)
+            _unwrap(await result(actor.attach.remote(local_id), CALL_GRACE), sandbox_id)
+            where = await result(actor.where.remote(), CALL_GRACE)
         return RaySandbox(self, self._link(key, actor), where["node_id"], local_id)
 
     async def list(self, *, labels: Mapping[str, str]) -> builtins.list[SandboxInfo]:
@@ -565,9 +405,7 @@ class RayBackend(Backend):
                 continue
             try:
                 with _ray_errors(None, "list"):
-                    infos = _unwrap(
-                        await _result(actor.list.remote(dict(labels)), CALL_GRACE), None
-                    )
+                    infos = _unwrap(await result(actor.list.remote(dict(labels)), CALL_GRACE), None)
             except BackendUnavailable:
                 continue  # a node dying now: its sandboxes are gone with it
             out.extend(
@@ -585,7 +423,7 @@ class RaySandbox(SandboxHandle):
     def __init__(
         self,
         backend: RayBackend,
-        link: _Link,
+        link: Link,
         node_id: str,
         local_id: str,
         workdir: str = "/workspace",
@@ -661,7 +499,7 @@ class RaySandbox(SandboxHandle):
                     anyio.move_on_after(self._backend.timeouts.cleanup),
                 ):
                     try:
-                        await _result(self._actor.exec_kill.remote(run_id), None)
+                        await result(self._actor.exec_kill.remote(run_id), None)
                     except Exception as exc:  # noqa: BLE001 - the node is gone: so is the command
                         log.debug("ray.exec.kill_failed", sandbox=self._id, error=repr(exc))
             raise
@@ -695,7 +533,7 @@ class RaySandbox(SandboxHandle):
                     anyio.move_on_after(self._backend.timeouts.cleanup),
                 ):
                     try:
-                        await _result(self._actor.exec_kill.remote(run_id), None)
+                        await result(self._actor.exec_kill.remote(run_id), None)
                     except Exception as exc:  # noqa: BLE001 - the node is gone: so is the code
                         log.debug("ray.run_code.kill_failed", sandbox=self._id, error=repr(exc))
             raise

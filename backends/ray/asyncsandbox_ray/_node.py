@@ -42,8 +42,6 @@ import anyio.abc
 
 from asyncsandbox import (
     CodeContext,
-    CodeEvent,
-    Execution,
     InfrastructureError,
     InvalidArgument,
     Resources,
@@ -55,7 +53,6 @@ from asyncsandbox import (
 from asyncsandbox.abc import (
     Backend,
     CodeRequest,
-    ExitStatus,
     SandboxHandle,
     SandboxInterpreter,
     SandboxSpec,
@@ -63,6 +60,7 @@ from asyncsandbox.abc import (
 from asyncsandbox.log import get_logger
 
 from ._raylet import Raylet
+from ._runs import EXCHANGED, Answer, DriverLink, Op, Run
 from ._wire import WireError, error_to_wire
 
 OWNER_LABEL = "asyncsandbox.ray.owner"
@@ -74,10 +72,6 @@ LINGER = 0.2
 its exit, and answering with both saves a round trip (two calls per command became one:
 see backends/ray/README.md). Output of a long command streams in batches at least this
 often."""
-BATCH_BYTES = 64 * 1024
-"""Output that makes a lingering poll answer at once."""
-BUFFER_BYTES = 4 * 1024 * 1024
-"""Output a command may have waiting for its driver before it is paused (backpressure)."""
 ORPHAN_AFTER = 30.0
 SWEEP_EVERY = 1.0
 EXIT_GRACE = 5.0
@@ -100,94 +94,6 @@ def _node_root(node: str) -> Path:
     return base / f"ray-{node[:16]}"
 
 
-class _Run:
-    """One command (or ``run_code`` call) on this node: its task, its buffered output (or
-    events), how it ended."""
-
-    def __init__(self) -> None:
-        self.chunks: list[Any] = []
-        self.size = 0
-        self.status: ExitStatus | None = None
-        self.execution: Execution | None = None
-        self.error: WireError | None = None
-        self.changed = asyncio.Event()
-        self.answer = asyncio.Event()  # ended, or BATCH_BYTES waiting: a lingering poll answers
-        self.drained = asyncio.Event()
-        self.drained.set()
-        self.task: asyncio.Task[None] | None = None
-        self.polled = time.monotonic()
-
-    @property
-    def ended(self) -> bool:
-        return self.status is not None or self.execution is not None or self.error is not None
-
-    async def output(self, stream: str, data: bytes) -> None:
-        await self._add((stream, data), len(data))
-
-    async def event(self, event: CodeEvent) -> None:
-        size = len(getattr(event, "line", "")) + len(getattr(event, "png", None) or b"")
-        await self._add(event, size + 64)
-
-    async def _add(self, item: Any, size: int) -> None:
-        while self.size >= BUFFER_BYTES:  # backpressure: the command waits for the driver
-            self.drained.clear()
-            await self.drained.wait()
-        self.chunks.append(item)
-        self.size += size
-        self.changed.set()
-        if self.size >= BATCH_BYTES:
-            self.answer.set()
-
-    def take(self) -> list[Any]:
-        chunks, self.chunks, self.size = self.chunks, [], 0
-        self.changed.clear()
-        if not self.ended:
-            self.answer.clear()
-        self.drained.set()
-        return chunks
-
-
-EXCHANGED = frozenset(
-    {
-        "create",
-        "inspect",
-        "remove",
-        "read_file",
-        "write_file",
-        "put_archive",
-        "get_archive",
-        "exec_start",
-        "exec_poll",
-        "code_start",
-        "code_poll",
-        "code_contexts",
-    }
-)
-"""The methods a driver may call through :meth:`NodeAgent.exchange`."""
-
-Op = tuple[int, str, tuple[Any, ...]]
-"""One call carried by an exchange: the driver's number for it, the method, its arguments."""
-Answer = tuple[int, bool, Any]
-"""A call's answer: its number, whether the method returned (else it raised: the value
-says what), the value."""
-
-
-class _Link:
-    """The exchanges of one driver (backend) with this node: the answers not yet taken,
-    and who waits for them."""
-
-    def __init__(self) -> None:
-        self.answers: list[Answer] = []
-        self.running = 0
-        self.turn = 0  # the newest exchange waits; an older one answers at once
-        self.changed = asyncio.Event()
-        self.seen = time.monotonic()
-
-    def notify(self) -> None:
-        changed, self.changed = self.changed, asyncio.Event()
-        changed.set()
-
-
 class NodeAgent:
     """The Ray actor class (decorated in :mod:`._backend`). Methods return plain values;
     errors come back as ``("error", WireError)`` instead of raising."""
@@ -199,8 +105,8 @@ class NodeAgent:
         self._backend: Backend | None = None
         self._lock = asyncio.Lock()
         self._handles: dict[str, SandboxHandle] = {}
-        self._runs: dict[str, _Run] = {}
-        self._links: dict[str, _Link] = {}
+        self._runs: dict[str, Run] = {}
+        self._links: dict[str, DriverLink] = {}
         self._leases: dict[str, float] = {}
         self._killed: dict[str, float] = {}  # run ids killed before they started
         self._abandoned: dict[str, float] = {}  # create tokens the driver gave up on
@@ -337,7 +243,7 @@ class NodeAgent:
         costs a fraction of a round trip (see backends/ray/README.md)."""
         link = self._links.get(link_id)
         if link is None:
-            link = self._links[link_id] = _Link()
+            link = self._links[link_id] = DriverLink()
         link.seen = time.monotonic()
         loop = asyncio.get_running_loop()
         for number, method, args in ops:
@@ -355,7 +261,7 @@ class NodeAgent:
         link.seen = time.monotonic()
         return answers
 
-    async def _op(self, link: _Link, number: int, method: str, args: tuple[Any, ...]) -> None:
+    async def _op(self, link: DriverLink, number: int, method: str, args: tuple[Any, ...]) -> None:
         try:
             if method not in EXCHANGED:
                 raise InvalidArgument(f"no node call {method!r}")
@@ -548,7 +454,7 @@ class NodeAgent:
         except SandboxError as exc:
             return "error", self._error(exc, local_id)
 
-        async def command(run: _Run) -> None:
+        async def command(run: Run) -> None:
             run.status = await handle.exec(
                 argv, cwd=cwd, env=env, stdin=stdin, on_output=run.output, timeout=timeout
             )
@@ -567,13 +473,13 @@ class NodeAgent:
         self,
         run_id: str,
         local_id: str,
-        work: Callable[[_Run], Awaitable[None]],
+        work: Callable[[Run], Awaitable[None]],
         *,
         cancelled: str,
     ) -> None:
         """Run ``work`` as ``run_id`` in a task of the node; its sandbox error, or its
         cancellation (``cancelled`` says why, unless the node is lost), is the run's."""
-        run = self._runs[run_id] = _Run()
+        run = self._runs[run_id] = Run()
 
         async def task() -> None:
             try:
@@ -661,7 +567,7 @@ class NodeAgent:
         except SandboxError as exc:
             return "error", self._error(exc, local_id)
 
-        async def call(run: _Run) -> None:
+        async def call(run: Run) -> None:
             run.execution = await interpreter.run_code(request, on_event=run.event)
 
         self._start(run_id, local_id, call, cancelled="the call was cancelled")
@@ -708,7 +614,7 @@ class NodeAgent:
             return "error", self._error(exc, local_id)
         return "ok", None
 
-    async def _wait(self, run: _Run) -> None:
+    async def _wait(self, run: Run) -> None:
         run.polled = time.monotonic()
         if not run.chunks and not run.ended:
             with anyio.move_on_after(POLL_WAIT):
