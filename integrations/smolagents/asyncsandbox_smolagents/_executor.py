@@ -90,7 +90,7 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
         """Seconds a step's code may run (``None``: no limit)."""
         self.setup_timeout = setup_timeout
         """Seconds each part of the executor's own setup may take (``None``: no limit)."""
-        self._limit = setup_timeout  # what a call runs under now: a step's, or setup's
+        self._setting_up = False  # calls run under setup_timeout meanwhile, else timeout
         self._max_output_bytes = max_output_bytes
         self._tools: dict[str, Tool] = {}
         self._variables: dict[str, Any] = {}
@@ -106,21 +106,16 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
                 self.logger.log_error(f"removing the sandbox failed too: {removal!r}")
             raise
         self.installed_packages = list(additional_imports)
-        self._limit = timeout
-
-    def __call__(self, code_action: str) -> CodeOutput:
-        """Run a step's code (under :attr:`timeout`); see :meth:`run_code_raise_errors`."""
-        with self._under(self.timeout):
-            return self.run_code_raise_errors(code_action)
 
     @contextlib.contextmanager
-    def _under(self, limit: float | None) -> Iterator[None]:
-        """Calls made meanwhile run under ``limit``."""
-        before, self._limit = self._limit, limit
+    def _setup(self) -> Iterator[None]:
+        """Calls made meanwhile are the executor's own: they run under
+        :attr:`setup_timeout`."""
+        before, self._setting_up = self._setting_up, True
         try:
             yield
         finally:
-            self._limit = before
+            self._setting_up = before
 
     def run_code_raise_errors(self, code: str) -> CodeOutput:
         """Run ``code`` in the sandbox's interpreter: its main result (an image as a
@@ -132,7 +127,7 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
         is gone, the backend unreachable) is raised as asyncsandbox's
         :class:`~asyncsandbox.InfrastructureError` (the agent reports either to the model).
         """
-        limit = self._limit
+        limit = self.setup_timeout if self._setting_up else self.timeout
         handle = self.sandbox.run_code(code, timeout=limit, max_output_bytes=self._max_output_bytes)
         try:
             execution = handle.result()
@@ -165,14 +160,14 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
         """Define the tools in the sandbox's interpreter (smolagents' own code: their source,
         ``final_answer`` patched to raise the answer), installing their requirements first;
         kept to define them again if the interpreter is restarted."""
-        with self._under(self.setup_timeout):
+        with self._setup():
             super().send_tools(tools)
         self._tools = dict(tools)
 
     def send_variables(self, variables: dict[str, Any]) -> None:
         """Set the variables in the sandbox's interpreter (as JSON, or pickles if
         allowed); kept to set them again if the interpreter is restarted."""
-        with self._under(self.setup_timeout):
+        with self._setup():
             super().send_variables(variables)
         self._variables = dict(variables)
 
@@ -182,7 +177,7 @@ class SandboxExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagents
         with them, as it would after a plain error. What the model should know, or ``""``."""
         if not execution.restarted:
             return ""
-        with self._under(self.setup_timeout):
+        with self._setup():
             if self._variables:
                 super().send_variables(self._variables)
             if self._tools:
