@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from asyncsandbox import Session
 from asyncsandbox._process import ProcessAttributes
@@ -78,6 +79,64 @@ async def test_a_command_cannot_leave_its_scheduling_to_the_next(process_root: P
             assert done.returncode == 0, done
             seen = await sb.exec(["python3", "-c", look])
             assert seen.stdout == f"{niceness} {cpus}\n".encode(), seen
+
+
+SCHED_ATTR = "=IIQiIQQQII"  # struct sched_attr, as sched_getattr(2) fills it
+SCHED_CALLS = {"x86_64": (314, 315), "aarch64": (274, 275), "riscv64": (274, 275)}
+
+
+async def test_a_command_cannot_leave_its_time_slice_to_the_next(process_root: Path) -> None:
+    """A command may set its init's time slice (``sched_setattr``'s ``sched_runtime`` of a
+    fair task, Linux 6.12+: same user, no capability); the next command must not inherit
+    it from an init it shares. (Held out: it did, before the init compared its whole
+    ``sched_attr``.)"""
+    calls = SCHED_CALLS.get(os.uname().machine)
+    if calls is None:
+        pytest.skip(f"sched_setattr's number on {os.uname().machine} is not known here")
+    get_attr = (
+        "import ctypes, struct; libc = ctypes.CDLL(None, use_errno=True);"
+        " buf = ctypes.create_string_buffer(56);"
+        f" assert libc.syscall({calls[1]}, PID, buf, 56, 0) == 0;"
+        f" print(struct.unpack({SCHED_ATTR!r}, buf.raw)[5])"
+    )
+    # At its own niceness (lowering it takes a capability), a slice of 2.9 ms.
+    set_attr = (
+        "import ctypes, os, struct; libc = ctypes.CDLL(None, use_errno=True);"
+        " nice = os.getpriority(os.PRIO_PROCESS, 1);"
+        f" attr = struct.pack({SCHED_ATTR!r}, 56, 0, 0, nice, 0, 2900000, 0, 0, 0, 0);"
+        f" libc.syscall({calls[0]}, 1, attr, 0);"
+    )
+    async with fast_session(process_root) as s, s.sandbox() as sb:
+        fresh = await sb.exec(["python3", "-c", get_attr.replace("PID", "0")])
+        assert fresh.returncode == 0, fresh
+        meddled = await sb.exec(["python3", "-c", set_attr + get_attr.replace("PID", "1")])
+        if meddled.stdout != b"2900000\n":
+            pytest.skip(f"this kernel has no time slice to set: {meddled}")
+        for _ in range(3):
+            seen = await sb.exec(["python3", "-c", get_attr.replace("PID", "0")])
+            assert seen.stdout == fresh.stdout, seen
+            await sb.exec(["python3", "-c", set_attr])
+
+
+async def test_a_command_cannot_leave_its_limits_to_the_next(process_root: Path) -> None:
+    """A command may lower its init's resource limits (``prlimit`` of a process of the
+    same user needs no capability, and no access to its memory: the init being undumpable
+    does not stop it); the next command must not inherit them from an init it shares.
+    (Held out: the next command ran with the lowered limits before the init compared its
+    limits too.)"""
+    meddle = (
+        "import resource as r; r.prlimit(1, r.RLIMIT_NOFILE, (32, 32));"
+        " r.prlimit(1, r.RLIMIT_CPU, (7, 7)); print(r.prlimit(1, r.RLIMIT_NOFILE)[1])"
+    )
+    look = "import resource as r; print(r.getrlimit(r.RLIMIT_NOFILE), r.getrlimit(r.RLIMIT_CPU))"
+    async with fast_session(process_root) as s, s.sandbox() as sb:
+        fresh = await sb.exec(["python3", "-c", look])
+        assert fresh.returncode == 0, fresh
+        for _ in range(3):
+            done = await sb.exec(["python3", "-c", meddle])
+            assert done.stdout == b"32\n", done  # the meddling took
+            seen = await sb.exec(["python3", "-c", look])
+            assert seen.stdout == fresh.stdout, seen
 
 
 async def test_an_idle_executor_stops_and_the_next_command_starts_one(process_root: Path) -> None:

@@ -22,8 +22,12 @@ Trust model (what a command can and cannot do to the executor):
   fork of an interpreter and a new namespace). It shed its capabilities and loaded the
   seccomp filter before its first command, so it holds nothing a command lacks; a
   command cannot change its namespaces (no capability, no mount, no ``setns``) and only
-  the signals it handles reach it (it forwards them to the command). So the next command
-  finds what a fresh init would give it, but a higher PID.
+  the signals it handles reach it (it forwards them to the command). What a process of
+  the same user can still change in it without either (its scheduling: niceness, policy,
+  CPUs, I/O priority, time slice; its resource limits, lowered with ``prlimit``) it
+  compares after each command with what it had before the first, and exits instead of
+  running another if any differs. So the next command finds what a fresh init would give
+  it, but a higher PID.
 * A command's exit status comes from its init (which reaps it, forwards signals and kills
   what it left), written on a close-on-exec socket that the command never holds; or, if
   that init died first, from the executor's ``waitpid`` of it. Never from anything the

@@ -117,6 +117,8 @@ SYS_PIVOT_ROOT = {
     "armv7l": 218,
 }
 SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31, "riscv64": 31, "loongarch64": 31}
+SYS_SCHED_GETATTR = {"x86_64": 315, "aarch64": 275, "riscv64": 275, "loongarch64": 275}
+SCHED_ATTR_SIZE = 56  # struct sched_attr up to its utilisation clamps (SCHED_ATTR_SIZE_VER1)
 MACHINE = os.uname().machine
 IOPRIO_WHO_PROCESS = 1
 SIOCGIFFLAGS = 0x8913
@@ -205,7 +207,8 @@ def main(spec: Spec) -> NoReturn:
 def launcher(spec: Spec) -> None:
     if spec.get("serve") is not None:
         # Imported now: after pivot_root the interpreter's library is out of reach.
-        global select
+        global resource, select
+        import resource
         import select
     parent = os.getppid()
     for procs in spec["cgroups"]:  # before anything else: every process is accounted
@@ -580,7 +583,7 @@ def forward(signum: int, frame: object) -> None:
 # -- the resident executor (serve mode) ----------------------------------------------------
 
 select: Any = None  # imported by the launcher in serve mode only
-resource: Any = None  # imported by contained() (gVisor) only
+resource: Any = None  # likewise (and by contained(), gVisor)
 
 
 KEEP_IDLE = 4  # command inits kept, idle, for the sandbox's next commands
@@ -835,15 +838,15 @@ def command_init(spec: Spec, request: dict[str, Any], fds: list[int], channel: A
         remount("/proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
     shed(spec)
-    pristine = scheduling()
+    pristine = scheduling(), limits()
     while True:
         code = launch({**spec, **request})
         if code is None:
             code = reap()  # the namespace holds no process but us now
         for fd in (0, 1, 2):  # the command's pipes: at their end once we let go of them
             os.dup2(null, fd)
-        if scheduling() != pristine:  # the command reniced us: the next would inherit it
-            os._exit(code)
+        if (scheduling(), limits()) != pristine:  # the command meddled with us (reniced us,
+            os._exit(code)  # lowered our limits): the next command would inherit it
         try:
             channel.send(b"%d" % code)
             data, fds = recv_fds(channel)
@@ -858,15 +861,34 @@ def command_init(spec: Spec, request: dict[str, Any], fds: list[int], channel: A
 def scheduling() -> tuple[object, ...]:
     """How the kernel schedules us: what a process of the same user may change for us
     without any capability or access to our memory (niceness, policy, CPUs, I/O
-    priority), and a command would inherit from us."""
+    priority, the rest of ``sched_attr``: a fair task's time slice, Linux 6.12+), and a
+    command would inherit from us."""
     number = SYS_IOPRIO_GET.get(MACHINE)
     io = None if number is None else LIBC.syscall(number, IOPRIO_WHO_PROCESS, 0)
+    number = SYS_SCHED_GETATTR.get(MACHINE)
+    attr = None
+    if number is not None:
+        buffer = ctypes.create_string_buffer(SCHED_ATTR_SIZE)
+        if LIBC.syscall(number, 0, buffer, SCHED_ATTR_SIZE, 0) == 0:
+            attr = buffer.raw
     return (
         os.getpriority(os.PRIO_PROCESS, 0),
         os.sched_getscheduler(0),
         os.sched_getaffinity(0),
         io,
+        attr,
     )
+
+
+def limits() -> tuple[tuple[int, int], ...]:
+    """Our resource limits, every one the kernel has: a process of the same user may lower
+    them (``prlimit``: no capability, nor access to our memory, needed), and a command
+    inherits them from us."""
+    return tuple(resource.getrlimit(number) for number in range(RLIM_NLIMITS))
+
+
+RLIM_NLIMITS = 16
+"""How many resource limits Linux has (numbered from 0, on every architecture)."""
 
 
 def send_fds(sock: Any, data: bytes, fds: list[int]) -> None:
