@@ -384,6 +384,7 @@ async def test_an_agent_does_not_outlive_its_raylet(ray_cluster: LocalCluster) -
     the agent, its sandboxes' processes and their command are gone, and so are the
     sandboxes' files."""
     from asyncsandbox_ray import RayAttributes
+    from asyncsandbox_ray._node import _node_root
     from asyncsandbox_ray.testing import descendants
 
     ray_cluster.start_node("orphan", {"asb_orphan": 1})
@@ -408,7 +409,9 @@ async def test_an_agent_does_not_outlive_its_raylet(ray_cluster: LocalCluster) -
                 await eventually_async(
                     lambda: not _left(processes), within=AGENT_EXIT_BOUND, what="the agent's end"
                 )
+                root_left = _node_root(node_id).exists()
                 assert await _wipe_node(node_id) == 0  # the agent removed its sandboxes
+                assert not root_left  # and the node's root
             tg.cancel_scope.cancel()
 
 

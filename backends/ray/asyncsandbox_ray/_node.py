@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import socket
 import threading
 import time
@@ -94,6 +95,12 @@ def _node_root(node: str) -> Path:
     return base / f"ray-{node[:16]}"
 
 
+def _remove_root(root: Path) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+    if root.exists():
+        log.warning("ray.node.root_left", root=str(root), why="it could not be removed whole")
+
+
 class NodeAgent:
     """The Ray actor class (decorated in :mod:`._backend`). Methods return plain values;
     errors come back as ``("error", WireError)`` instead of raising."""
@@ -117,6 +124,7 @@ class NodeAgent:
         self._services: anyio.abc.TaskGroup | None = None
         self._serving: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._root: Path | None = None  # the node's own root, made here (see _node_root)
         self._lost: str | None = None
         self._closed = threading.Event()
         self._losing: asyncio.Task[None] | None = None
@@ -172,6 +180,11 @@ class NodeAgent:
                 for info in await backend.list(labels={}):
                     with contextlib.suppress(SandboxError):
                         await self._remove(info.id)
+                # The node's own root goes with its last sandbox, before the backend's
+                # close: the agent may not live that long (Ray ends a worker whose raylet
+                # is gone, and EXIT_GRACE bounds us), and nothing can use the root now.
+                if self._root is not None and not await backend.list(labels={}):
+                    await anyio.to_thread.run_sync(_remove_root, self._root)
                 await backend.aclose()
         finally:
             self._closed.set()
@@ -204,7 +217,8 @@ class NodeAgent:
                 node = ray.get_runtime_context().get_node_id()
                 options = dict(self._options)
                 if self._kind == "process" and "root" not in options:
-                    options["root"] = str(_node_root(node))
+                    self._root = _node_root(node)
+                    options["root"] = str(self._root)
                 backend = create_backend(self._kind, options)
                 await backend.__aenter__()
                 self._backend = backend
