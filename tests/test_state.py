@@ -29,6 +29,7 @@ from asyncsandbox import (
 from asyncsandbox._process import ProcessAttributes, _state
 
 from ._support import (
+    a_recycled_sandbox_has_a_fresh_network,
     a_recycled_sandbox_is_fresh,
     episodes_leave_nothing,
     eventually_async,
@@ -63,6 +64,37 @@ async def test_a_recycled_sandbox_is_indistinguishable_from_a_fresh_one(
     async with session(process_root, defaults=defaults, warm_pool=pool) as s:
         await a_recycled_sandbox_is_fresh(s)
         assert s.metrics()["asyncsandbox/reset_count"] >= 1
+
+
+async def test_a_recycled_sandbox_has_the_network_of_a_fresh_one(process_root: Path) -> None:
+    """Traffic counters and TCP connections in TIME_WAIT outlive the commands that made
+    them, in the network namespace the resident executor gives its commands: it gives
+    the commands after a reset a new one, with its loopback up. (The per-command path
+    makes one for each command.)"""
+
+    async def user_namespace(sandbox: Sandbox) -> str:  # the executor's: made at its start
+        assert sandbox.extra(ProcessAttributes.fast_path)
+        return (await sandbox.exec(["readlink", "/proc/self/ns/user"], check=True)).stdout_text
+
+    async with session(process_root) as s:
+        await a_recycled_sandbox_has_a_fresh_network(s, user_namespace)
+
+
+async def test_a_reset_leaves_the_host_network_to_a_sandbox_that_shares_it(
+    process_root: Path,
+) -> None:
+    """A sandbox with the host's network has no namespace of its own to renew: its
+    commands are in the host's before and after a reset."""
+    look = ["readlink", "/proc/self/ns/net"]
+    async with session(process_root) as s:
+        async with s.sandbox(recyclable=True, network="host") as sandbox:
+            first_id = sandbox.id
+            fresh = await sandbox.exec(look, check=True)
+        async with s.sandbox(recyclable=True, network="host") as sandbox:
+            assert sandbox.id == first_id, "the released sandbox was not recycled"
+            reused = await sandbox.exec(look, check=True)
+    host = os.readlink("/proc/self/ns/net")
+    assert fresh.stdout_text.strip() == reused.stdout_text.strip() == host
 
 
 async def test_recycling_serves_many_episodes_each_clean(process_root: Path) -> None:

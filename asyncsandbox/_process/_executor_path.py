@@ -103,9 +103,10 @@ class ExecutorPath(Path):
         )
 
     async def clear(self, *, keep: bool) -> set[int]:
-        # The executor kills every command and gives the next ones a fresh IPC namespace
-        # and /dev/shm, so it stays (the next episode's first command costs no executor
-        # start); if it cannot (or must not stay), it goes too, with the namespaces it holds.
+        # The executor kills every command and gives the next ones fresh IPC and network
+        # namespaces and /dev/shm, so it stays (the next episode's first command costs no
+        # executor start); if it cannot (or must not stay), it goes too, with the
+        # namespaces it holds.
         executor = self.executor if keep else None
         if executor is not None and executor.alive:
             try:
