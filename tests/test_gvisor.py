@@ -35,6 +35,7 @@ from asyncsandbox.judge import Program, TestCase, Verdict
 
 from ._support import (
     FORK_UNTIL_REFUSED,
+    a_recycled_sandbox_has_a_fresh_network,
     gvisor_unavailable,
     new_process_root,
     runsc_processes,
@@ -294,6 +295,22 @@ async def test_snapshots_and_recycling(root: Path) -> None:
             left = await sb.exec(["sh", "-c", "cat /workspace/d /dev/shm/e 2>/dev/null || true"])
             assert sb.id == first
         assert left.stdout == b""
+
+
+async def test_a_recycled_sandbox_has_the_network_of_a_fresh_one(root: Path) -> None:
+    """The executor gives the commands after a reset a new network namespace there too
+    (gVisor's kernel makes it with its loopback up): its interfaces' counters
+    (``/proc/net/dev``) and sockets are fresh. Not its protocols' counters
+    (``/proc/net/snmp``): gVisor's kernel (runsc 20221219) keeps one set for all its
+    namespaces, so only a new gVisor sandbox has them at zero."""
+    if reason := gvisor_unavailable():
+        pytest.skip(reason)
+
+    async def runsc(sandbox: Sandbox) -> list[int]:  # the gVisor sandbox the executor is in
+        return sorted(runsc_processes(str(sandbox.extra(ProcessAttributes.root) / "gvisor")))
+
+    async with session(root) as s:
+        await a_recycled_sandbox_has_a_fresh_network(s, runsc, carried=frozenset({"snmp"}))
 
 
 async def test_the_judge_runs_without_its_barrier(

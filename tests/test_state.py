@@ -26,9 +26,10 @@ from asyncsandbox import (
     Snapshot,
     WarmPool,
 )
-from asyncsandbox._process import ProcessAttributes, _state
+from asyncsandbox._process import ProcessAttributes, _isolation, _state
 
 from ._support import (
+    a_recycled_sandbox_has_a_fresh_network,
     a_recycled_sandbox_is_fresh,
     episodes_leave_nothing,
     eventually_async,
@@ -63,6 +64,71 @@ async def test_a_recycled_sandbox_is_indistinguishable_from_a_fresh_one(
     async with session(process_root, defaults=defaults, warm_pool=pool) as s:
         await a_recycled_sandbox_is_fresh(s)
         assert s.metrics()["asyncsandbox/reset_count"] >= 1
+
+
+async def test_a_recycled_sandbox_has_the_network_of_a_fresh_one(process_root: Path) -> None:
+    """Traffic counters and TCP connections in TIME_WAIT outlive the commands that made
+    them, in the network namespace the resident executor gives its commands: it gives
+    the commands after a reset a new one, with its loopback up. (The per-command path
+    makes one for each command.)"""
+
+    async def user_namespace(sandbox: Sandbox) -> str:  # the executor's: made at its start
+        assert sandbox.extra(ProcessAttributes.fast_path)
+        return (await sandbox.exec(["readlink", "/proc/self/ns/user"], check=True)).stdout_text
+
+    async with session(process_root) as s:
+        await a_recycled_sandbox_has_a_fresh_network(s, user_namespace)
+
+
+async def test_an_executor_that_cannot_reset_is_replaced_and_says_why(
+    process_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the executor cannot renew its namespaces (injected: its unshare refused), the
+    reset still hands over a fresh sandbox, through a new executor, and says why the old
+    one could not stay (a reset that silently cost an executor start once hid that every
+    gVisor reset failed)."""
+    original = _isolation.LAUNCHER.read_text()
+    source = original.replace(
+        'check(LIBC.unshare(flags), "create fresh IPC and network namespaces")',
+        'raise SetupError("injected: no new namespaces")',
+    )
+    assert source != original
+    code = compile(source, str(_isolation.LAUNCHER), "exec")
+    monkeypatch.setattr(_isolation, "_launcher_code", lambda: code)
+
+    async def user_namespace(sandbox: Sandbox) -> str:  # the executor's: made at its start
+        return (await sandbox.exec(["readlink", "/proc/self/ns/user"], check=True)).stdout_text
+
+    with capture_logs() as logs:
+        async with session(process_root) as s:
+            async with s.sandbox(recyclable=True) as sandbox:
+                first_id = sandbox.id
+                before = await user_namespace(sandbox)
+            async with s.sandbox(recyclable=True) as sandbox:
+                assert sandbox.id == first_id, "the released sandbox was not recycled"
+                after = await user_namespace(sandbox)
+    assert after != before
+    failed = [log for log in logs if log["event"] == "process.executor.reset_failed"]
+    # (Each release resets: the second sandbox's too, before its session removes it.)
+    assert {log["sandbox"] for log in failed} == {first_id}, logs
+    assert all("injected: no new namespaces" in log["reason"] for log in failed), failed
+
+
+async def test_a_reset_leaves_the_host_network_to_a_sandbox_that_shares_it(
+    process_root: Path,
+) -> None:
+    """A sandbox with the host's network has no namespace of its own to renew: its
+    commands are in the host's before and after a reset."""
+    look = ["readlink", "/proc/self/ns/net"]
+    async with session(process_root) as s:
+        async with s.sandbox(recyclable=True, network="host") as sandbox:
+            first_id = sandbox.id
+            fresh = await sandbox.exec(look, check=True)
+        async with s.sandbox(recyclable=True, network="host") as sandbox:
+            assert sandbox.id == first_id, "the released sandbox was not recycled"
+            reused = await sandbox.exec(look, check=True)
+    host = os.readlink("/proc/self/ns/net")
+    assert fresh.stdout_text.strip() == reused.stdout_text.strip() == host
 
 
 async def test_recycling_serves_many_episodes_each_clean(process_root: Path) -> None:

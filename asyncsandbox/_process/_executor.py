@@ -176,8 +176,8 @@ class Executor:
         return command.exit
 
     async def reset(self) -> None:
-        """Kill every command, and give the next ones a fresh IPC namespace and an empty
-        ``/dev/shm`` (see ``_launcher.reset``); raise :class:`ExecutorGone` (or
+        """Kill every command, and give the next ones fresh IPC and network namespaces
+        and an empty ``/dev/shm`` (see ``_launcher.reset``); raise :class:`ExecutorGone` (or
         :class:`InfrastructureError`, with why) if it could not."""
         self._check()
         self._next_id += 1

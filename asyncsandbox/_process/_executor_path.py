@@ -15,6 +15,7 @@ import anyio
 import anyio.abc
 
 from .._errors import InfrastructureError, LaunchError
+from .._log import get_logger
 from ._executor import Executor, ExecutorGone
 from ._isolation import LaunchOutput, Resident
 from ._path import Box, Path, Run, descendants
@@ -103,9 +104,10 @@ class ExecutorPath(Path):
         )
 
     async def clear(self, *, keep: bool) -> set[int]:
-        # The executor kills every command and gives the next ones a fresh IPC namespace
-        # and /dev/shm, so it stays (the next episode's first command costs no executor
-        # start); if it cannot (or must not stay), it goes too, with the namespaces it holds.
+        # The executor kills every command and gives the next ones fresh IPC and network
+        # namespaces and /dev/shm, so it stays (the next episode's first command costs no
+        # executor start); if it cannot (or must not stay), it goes too, with the
+        # namespaces it holds.
         executor = self.executor if keep else None
         if executor is not None and executor.alive:
             try:
@@ -114,7 +116,12 @@ class ExecutorPath(Path):
             except TimeoutError:  # it stopped answering: killed, not asked again
                 await self._drop(executor, abandon=True)
                 executor = None
-            except InfrastructureError:
+            except InfrastructureError as exc:
+                # Still a full reset (a new executor starts afresh), but a slower one, and
+                # a sign that the executor's reset is broken here: said, not swallowed.
+                get_logger().warning(
+                    "process.executor.reset_failed", sandbox=self.box.id, reason=str(exc)
+                )
                 executor = None
         if executor is None or not executor.alive:
             executor = None

@@ -31,6 +31,10 @@ What this version of gVisor (Debian 12's 20221219) cannot give, and what we do i
 * its ``statx`` and ``newfstatat`` refuse ``AT_NO_AUTOMOUNT``, which coreutils 9 passes:
   ``ls`` and ``stat`` of Debian 12 fail there with EINVAL (newer gVisor accepts the flag;
   nothing a filter can change, since it cannot rewrite arguments);
+* one set of protocol counters (``/proc/net/snmp``: IP, ICMP, TCP, UDP) for all its
+  network namespaces: a reset gives the next commands a new namespace (their sockets and
+  interface counters fresh, as on the other mechanisms), but those counters still show
+  the last episode's traffic; only a new gVisor sandbox starts them at zero;
 * it needs root (``runsc`` without ``--rootless``: its rootless mode cannot give the
   sandbox's files a host uid of their own);
 * limits: gVisor's processes are not the host's, so the sandbox's cgroup holds the whole
@@ -76,9 +80,9 @@ PACKAGE_HINT = (
     "https://gvisor.dev/docs/user_guide/install/)"
 )
 # The executor's capabilities inside the sandbox: a PID namespace per command
-# (CAP_SYS_ADMIN, which also remounts /dev/shm for a reset), becoming the sandbox's user
-# (CAP_SETUID, CAP_SETGID, CAP_SETPCAP to drop the bounding set first), killing commands
-# of another uid (CAP_KILL). Commands hold none.
+# (CAP_SYS_ADMIN, which also remounts /dev/shm and makes new IPC and network namespaces
+# for a reset), becoming the sandbox's user (CAP_SETUID, CAP_SETGID, CAP_SETPCAP to drop
+# the bounding set first), killing commands of another uid (CAP_KILL). Commands hold none.
 CAPABILITIES = ["CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL"]
 BOOT_PATH = "/.asyncsandbox/boot"
 # The sandbox's python3 compiles the launcher itself: it may not be our interpreter's

@@ -785,9 +785,19 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
 def reset(spec: Spec) -> None:
     """Give the sandbox's next commands what a fresh executor would (its commands are all
     gone already): a new IPC namespace (System V objects and POSIX message queues of the
-    old one die with it) and an empty ``/dev/shm``. Its files are the backend's to restore;
-    nothing else of it can a command change (no capability, no mount, no ``setns``)."""
-    check(LIBC.unshare(CLONE_NEWIPC), "create a fresh IPC namespace")
+    old one die with it), a new network namespace with its loopback up, as at the start,
+    where the sandbox has one of its own (what outlives a command there: its traffic
+    counters in ``/proc/net``, its TCP connections in TIME_WAIT; the old namespace dies
+    with the last of them), and an empty ``/dev/shm``. Its files are the backend's to
+    restore; nothing else of it can a command change (no capability, so no host name, no
+    route, no sysctl; no mount, no ``setns``, no keyring)."""
+    own_network = spec["network"] == "none"
+    flags = CLONE_NEWIPC | (CLONE_NEWNET if own_network else 0)
+    check(LIBC.unshare(flags), "create fresh IPC and network namespaces")
+    # gVisor's kernel makes a network namespace with its loopback up (and answers the
+    # interface ioctls there with ENOTTY: runsc 20221219).
+    if own_network and not spec.get("gvisor"):
+        loopback_up()
     check(LIBC.umount2(b"/dev/shm", MNT_DETACH), "detach /dev/shm")
     mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec['shm_size']}")
 

@@ -45,6 +45,7 @@ from ._process import (
 )
 from ._recycling import (
     LOOK as LOOK,
+    a_recycled_sandbox_has_a_fresh_network as a_recycled_sandbox_has_a_fresh_network,
     a_recycled_sandbox_is_fresh as a_recycled_sandbox_is_fresh,
     episodes_leave_nothing as episodes_leave_nothing,
     look as look,
@@ -115,6 +116,7 @@ __all__ = (
     "look",
     "pool_ready",
     "a_recycled_sandbox_is_fresh",
+    "a_recycled_sandbox_has_a_fresh_network",
     "episodes_leave_nothing",
     # the torture suite's targets
     "BOUND",

@@ -5,10 +5,11 @@ is indistinguishable from a fresh one, and episodes hand over no state."""
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Awaitable, Callable
 
 import anyio
 
-from asyncsandbox import Sandbox, Session
+from asyncsandbox import ExecResult, Sandbox, Session
 
 from ._host import processes_gone, unique_marker
 from ._waiting import eventually_async
@@ -121,3 +122,87 @@ async def episodes_leave_nothing(s: Session, *, episodes: int, concurrency: int)
             tg.start_soon(episode)
     assert s.metrics()["asyncsandbox/reset_failures"] == 0
     return seen
+
+
+NETWORK_PLANT = textwrap.dedent(
+    r"""
+    import socket
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for _ in range(500):
+        udp.sendto(b"planted", ("127.0.0.1", 9))
+    # A TCP connection closed by its client first: the client's end stays in TIME_WAIT
+    # (a minute) once every process is gone.
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    conn, _ = server.accept()
+    client.sendall(b"planted")
+    conn.recv(7)
+    client.close()
+    conn.close()
+    print("done")
+    """
+)
+"""Traffic on the sandbox's loopback, and what outlives the processes that made it: the
+network namespace's counters (``/proc/net/snmp``, ``/proc/net/dev``) and a TCP
+connection in TIME_WAIT."""
+
+NETWORK_LOOK = textwrap.dedent(
+    r"""
+    for f in snmp snmp6 netstat dev; do cat /proc/net/$f 2>&1 | sed "s/^/$f: /"; done
+    for f in tcp tcp6 udp udp6 raw unix; do echo "$f: $(cat /proc/net/$f 2>&1 | wc -l) lines"; done
+    python3 - <<'PY'
+    import socket
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    conn, _ = server.accept()
+    client.sendall(b"ok")
+    print("loopback:", conn.recv(2).decode())
+    PY
+    """
+)
+"""What a command sees of its network namespace, each line headed by where it comes
+from (its counters and socket tables, read before it makes traffic of its own; the socket
+tables by their length, since their lines carry inode numbers), and whether its loopback
+carries traffic."""
+
+
+async def a_recycled_sandbox_has_a_fresh_network(
+    s: Session,
+    executor: Callable[[Sandbox], Awaitable[object]],
+    *,
+    carried: frozenset[str] = frozenset(),
+) -> None:
+    """A command sends traffic on the loopback of a recyclable sandbox; the next sandbox
+    of the same settings gets it back, reset, and its first command sees the network of a
+    fresh sandbox's first command. ``executor`` tells which executor runs a sandbox's
+    commands: the reset keeps it (one that started a new one would give a fresh network
+    too, at the cost of a start: that is not what is checked here). ``carried``: the
+    files of ``/proc/net`` (``snmp``) known to keep the last episode's traffic whatever
+    the reset does; they must still show it (so the check says when they stop)."""
+    async with s.sandbox(recyclable=True) as sandbox:
+        first_id = sandbox.id
+        fresh = await sandbox.exec(["sh", "-c", NETWORK_LOOK])
+        before = await executor(sandbox)
+        assert fresh.returncode == 0, fresh
+        assert fresh.stdout_text.endswith("loopback: ok\n"), fresh
+        planted = await sandbox.exec(["python3", "-c", NETWORK_PLANT])
+        assert planted.stdout_text == "done\n", planted
+        # What the plant left is there while the episode lasts (so the check below can fail).
+        assert (await sandbox.exec(["sh", "-c", NETWORK_LOOK])).stdout != fresh.stdout
+    async with s.sandbox(recyclable=True) as sandbox:
+        assert sandbox.id == first_id, "the released sandbox was not recycled"
+        reused = await sandbox.exec(["sh", "-c", NETWORK_LOOK])
+        assert await executor(sandbox) == before, "the reset replaced the executor"
+    assert reused.returncode == 0, reused
+
+    def lines(result: ExecResult, of_carried: bool) -> list[str]:
+        return [
+            line
+            for line in result.stdout_text.split("\n")
+            if (line.split(": ", 1)[0] in carried) == of_carried
+        ]
+
+    left = set(lines(reused, False)) - set(lines(fresh, False))
+    assert lines(reused, False) == lines(fresh, False), f"left by the last episode: {left}"
+    if carried:
+        assert lines(reused, True) != lines(fresh, True), f"{sorted(carried)} are fresh now"
