@@ -111,6 +111,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--libraries", type=_names, help="asyncio and/or trio (overhead)")
     p.add_argument("--pool-size", type=int, default=16, help="warm pool size (pool variant)")
     p.add_argument(
+        "--count-fill",
+        action="store_true",
+        help="warm pools: measure from the session's start, the pool's fill included (else "
+        "each point waits for a full pool)",
+    )
+    p.add_argument(
         "--ray-address",
         help="a running Ray cluster for asyncsandbox-ray (default: it starts a local one: a "
         "head and two workers of one CPU each, for each job)",
@@ -256,6 +262,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         "op_deadline": args.op_deadline,
         "process_root": str(the_run.process_root()),
         "pool_size": args.pool_size,
+        "count_fill": args.count_fill,
         "ray_address": args.ray_address,
     }
     parameters: dict[str, Any] = {"image": args.image, "op_deadline": args.op_deadline}

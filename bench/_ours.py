@@ -206,7 +206,7 @@ class AsyncsandboxDocker(Asyncsandbox):
         self._warm_pool = variant.warm_pool
 
     async def ready(self) -> None:
-        if not self._warm_pool:
+        if not self._warm_pool or self.config.count_fill:
             return
         # The pool API is young: look for a fill level in the statistics, else give the
         # pool the time its creates need at the lifecycle limit (~8 per second here).

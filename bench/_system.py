@@ -62,6 +62,9 @@ class Config:
     unbounded_live: bool = False
     """asyncsandbox: lift ``Limits.max_live`` (the scale workload goes past its 512)."""
     pool_size: int = 16
+    count_fill: bool = False
+    """Warm pools: measure from the session's start, the pool's fill included, instead of
+    waiting for a full pool before each point."""
     ray_address: str | None = None
     """A running Ray cluster for ``asyncsandbox-ray`` (None: it starts one of its own)."""
 
