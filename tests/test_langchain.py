@@ -63,12 +63,13 @@ async def test_a_timeout_is_deepagents_exit_124_and_the_command_is_killed(
 ) -> None:
     async with Session("process", backend_options={"root": str(process_root)}) as session:
         backend = SandboxBackend(await session.sandbox().start())
+        assert (await backend.aexecute("true")).exit_code == 0  # its executor up
         slow = await backend.aexecute(
-            "echo partial; exec flock held sh -c 'touch locked; exec sleep 60'", timeout=2
-        )  # (2 s: the output before the kill is asserted; CI's load can delay a first line)
+            "echo partial; exec flock held sh -c 'touch locked; exec sleep 60'", timeout=5
+        )  # (5 s: the output before the kill is asserted; CI's load can delay a first line)
         assert slow.exit_code == 124
         assert slow.output.startswith("partial\n")
-        assert "Error: Command timed out after 2 seconds (custom timeout)." in slow.output
+        assert "Error: Command timed out after 5 seconds (custom timeout)." in slow.output
         # The sleep held a lock on `held`: it is free, so the sleep was killed.
         assert (await backend.aexecute("test -e locked && flock -n held true")).exit_code == 0
 

@@ -130,9 +130,11 @@ async def test_a_timeout_is_workspace_timeout_error_with_the_partial_output(
     session: Session,
 ) -> None:
     backend = SandboxWorkspace(session)
+    await backend.run(["true"])  # the sandbox and its executor up: the timeout is the command's
     with pytest.raises(WorkspaceTimeoutError) as timed_out:
-        # (2 s: the output before the kill is asserted; CI's load can delay a first line)
-        await backend.run("echo partial; sleep 60", shell=True, timeout=2)
+        # (5 s: the output before the kill is asserted; CI's load can delay a first line: at
+        # 2 s, and with the sandbox's start inside the timeout, it once came too late)
+        await backend.run("echo partial; sleep 60", shell=True, timeout=5)
     assert isinstance(timed_out.value, TimeoutError)
     assert timed_out.value.stdout == "partial\n"
     assert (await backend.run(["echo", "alive"])).stdout == "alive\n"  # the sandbox lives

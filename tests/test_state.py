@@ -29,6 +29,7 @@ from asyncsandbox import (
 from asyncsandbox._process import ProcessAttributes, _isolation, _state
 
 from ._support import (
+    NETWORK_PLANT,
     a_recycled_sandbox_has_a_fresh_network,
     a_recycled_sandbox_is_fresh,
     episodes_leave_nothing,
@@ -96,18 +97,22 @@ async def test_an_executor_that_cannot_reset_is_replaced_and_says_why(
     code = compile(source, str(_isolation.LAUNCHER), "exec")
     monkeypatch.setattr(_isolation, "_launcher_code", lambda: code)
 
-    async def user_namespace(sandbox: Sandbox) -> str:  # the executor's: made at its start
-        return (await sandbox.exec(["readlink", "/proc/self/ns/user"], check=True)).stdout_text
+    # What tells a new executor from the old one: the network namespace's counters, which
+    # only a new namespace starts at zero (its id may be the old one's, freed and reused,
+    # as a new executor's user namespace id was in CI).
+    counters = ["cat", "/proc/net/snmp"]
 
     with capture_logs() as logs:
         async with session(process_root) as s:
             async with s.sandbox(recyclable=True) as sandbox:
                 first_id = sandbox.id
-                before = await user_namespace(sandbox)
+                fresh = await sandbox.exec(counters, check=True)
+                await sandbox.exec(["python3", "-c", NETWORK_PLANT], check=True)
+                assert (await sandbox.exec(counters, check=True)).stdout != fresh.stdout
             async with s.sandbox(recyclable=True) as sandbox:
                 assert sandbox.id == first_id, "the released sandbox was not recycled"
-                after = await user_namespace(sandbox)
-    assert after != before
+                reused = await sandbox.exec(counters, check=True)
+    assert reused.stdout_text == fresh.stdout_text
     failed = [log for log in logs if log["event"] == "process.executor.reset_failed"]
     # (Each release resets: the second sandbox's too, before its session removes it.)
     assert {log["sandbox"] for log in failed} == {first_id}, logs

@@ -45,6 +45,7 @@ from ._process import (
 )
 from ._recycling import (
     LOOK as LOOK,
+    NETWORK_PLANT as NETWORK_PLANT,
     a_recycled_sandbox_has_a_fresh_network as a_recycled_sandbox_has_a_fresh_network,
     a_recycled_sandbox_is_fresh as a_recycled_sandbox_is_fresh,
     episodes_leave_nothing as episodes_leave_nothing,
@@ -117,6 +118,7 @@ __all__ = (
     "pool_ready",
     "a_recycled_sandbox_is_fresh",
     "a_recycled_sandbox_has_a_fresh_network",
+    "NETWORK_PLANT",
     "episodes_leave_nothing",
     # the torture suite's targets
     "BOUND",
