@@ -290,8 +290,17 @@ def test_a_dead_owners_sandbox_is_not_listed_as_running_and_is_collected(root: P
         "os._exit(0)  # no cleanup: like a crash\n"
     )
     env = {**os.environ, "ASYNCSANDBOX_PROCESS_ROOT": str(root)}
-    subprocess.run([sys.executable, "-c", script], env=env, timeout=60, check=True)
-    assert len(dirs(root)) == 1
+    # The orphan must still be on disk when the listing below runs, or the listing proves
+    # nothing. Once in CI's newcomer run (1 of 1,197 tests; not reproduced in 20 runs
+    # here) it was gone before this check, removed by nothing this test runs: tried again,
+    # at most three times, and what was seen is said if it never stays.
+    seen = []
+    for _ in range(3):
+        subprocess.run([sys.executable, "-c", script], env=env, timeout=60, check=True)
+        seen.append(sorted(os.listdir(root)) if root.exists() else None)
+        if len(dirs(root)) == 1:
+            break
+    assert len(dirs(root)) == 1, f"the dead owner's sandbox was gone at once: {seen}"
     # Never counted as running; the session opened to list it removes it (its owner is gone).
     assert Sandbox.list(tags=["orphan"], status=SandboxStatus.RUNNING).result() == []
     assert Sandbox.list(tags=["orphan"], show_terminated=True).result() == []
