@@ -177,13 +177,16 @@ class NodeAgent:
                     await self._interpreters.pop(local_id).aclose()
             backend = self._backend
             if backend is not None:
+                emptied = True
                 for info in await backend.list(labels={}):
-                    with contextlib.suppress(SandboxError):
+                    try:
                         await self._remove(info.id)
+                    except SandboxError:
+                        emptied = False
                 # The node's own root goes with its last sandbox, before the backend's
                 # close: the agent may not live that long (Ray ends a worker whose raylet
                 # is gone, and EXIT_GRACE bounds us), and nothing can use the root now.
-                if self._root is not None and not await backend.list(labels={}):
+                if emptied and self._root is not None:
                     await anyio.to_thread.run_sync(_remove_root, self._root)
                 await backend.aclose()
         finally:
