@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -310,15 +311,20 @@ def _raylet_killed(cluster: LocalCluster, name: str, *, reaped: bool) -> Iterato
     are all killed on leaving."""
     parent = cluster.processes[name].pid
     raylet = cluster.raylet(name)
-    started = _identity(raylet)
+    exited = select.poll()
+    pidfd = os.pidfd_open(raylet)
+    exited.register(pidfd, select.POLLIN)
     if not reaped:
         os.kill(parent, signal.SIGSTOP)
     try:
         os.kill(raylet, signal.SIGKILL)
-        # Exited: a zombie, or reaped.
-        eventually(lambda: _identity(raylet) != started, within=30, what="the raylet's end")
+        # Exited: every thread of it (its pidfd is readable), not only its main thread.
+        # /proc says "Z" once the main thread is gone, while the others may still run for
+        # a while (13 ms seen here): a call the agent got then ran as on a live node.
+        eventually(lambda: exited.poll(0), within=30, what="the raylet's end")
         yield
     finally:
+        os.close(pidfd)
         with contextlib.suppress(ProcessLookupError):
             os.kill(parent, signal.SIGCONT)
         cluster.kill_node(name)
