@@ -55,7 +55,11 @@ _STATES = {
 # Run as the sandbox user: its every other process killed (until none is left), then the
 # writable places (the arguments, /dev/shm, /dev/mqueue) and its IPC objects emptied;
 # exits non-zero, saying what is left, unless all of it is clean. Only shell builtins
-# while processes may remain (a fork would be one more process to find).
+# while processes may remain (a fork would be one more process to find); after that, a
+# reset starts one process (find) unless the episode left what cannot be deleted as it is
+# (then chmod, and find again) or IPC objects (then ipcrm): each process started costs
+# more CPU than all the builtins (a reset per episode: 20 ms when each place had its own
+# chmod, find and ls, 2 ms now).
 _RESET = r"""
 for attempt in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
     kill -9 -1 2>/dev/null
@@ -67,15 +71,47 @@ for attempt in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
     [ "$left" = 0 ] && break
 done
 [ "$left" = 0 ] || { echo "$left processes survived"; exit 1; }
-status=0
+n=$#
 for dir in "$@" /dev/shm /dev/mqueue; do
-    [ -d "$dir" ] || continue
-    chmod -R u+rwX "$dir" 2>/dev/null
-    find "$dir" -mindepth 1 -delete 2>/dev/null
-    [ -z "$(ls -A "$dir")" ] || { echo "$dir is not empty"; status=1; }
+    [ -d "$dir" ] && set -- "$@" "$dir"
 done
-ipcrm --all 2>/dev/null
-[ -z "$(ipcs -q -m -s 2>/dev/null | grep '^0x')" ] || { echo "IPC objects remain"; status=1; }
+shift "$n"
+# One process for the usual episode: the places emptied at once. What the episode made
+# unreadable or unwritable (the places themselves included) is opened up and emptied again.
+open=1
+for dir in "$@"; do
+    [ -r "$dir" ] && [ -w "$dir" ] && [ -x "$dir" ] || open=0
+done
+if [ "$#" -gt 0 ] && { [ "$open" = 0 ] || ! find "$@" -mindepth 1 -delete 2>/dev/null; }; then
+    chmod -R u+rwX "$@" 2>/dev/null
+    find "$@" -mindepth 1 -delete 2>/dev/null
+fi
+status=0
+for dir in "$@"; do
+    if ! { [ -r "$dir" ] && [ -x "$dir" ]; }; then
+        echo "$dir is not readable"; status=1; continue
+    fi
+    for entry in "$dir"/* "$dir"/.[!.]* "$dir"/..?*; do
+        if [ -e "$entry" ] || [ -L "$entry" ]; then
+            echo "$dir is not empty"; status=1; break
+        fi
+    done
+done
+# System V IPC objects: a line each after the header of /proc/sysvipc/* (ipcs without it).
+ipc_left() {
+    for table in msg sem shm; do
+        if ! [ -r "/proc/sysvipc/$table" ]; then
+            [ -n "$(ipcs -q -m -s 2>/dev/null | grep '^0x')" ]
+            return
+        fi
+        { read -r _ && read -r _; } < "/proc/sysvipc/$table" && return 0
+    done
+    return 1
+}
+if ipc_left; then
+    ipcrm --all 2>/dev/null
+    ! ipc_left || { echo "IPC objects remain"; status=1; }
+fi
 exit $status
 """
 
