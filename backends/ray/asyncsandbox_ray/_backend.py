@@ -492,17 +492,17 @@ class RaySandbox(SandboxHandle):
                     chunks, status, error = answer
         except BaseException:
             if status is None and error is None:
-                # Shielded and bounded: the command's tree must be killed on its node
-                # before the cancellation (or error) goes on.
-                with (
-                    anyio.CancelScope(shield=True),
-                    anyio.move_on_after(self._backend.timeouts.cleanup),
-                ):
-                    try:
-                        await result(self._actor.exec_kill.remote(run_id), None)
-                    except Exception as exc:  # noqa: BLE001 - the node is gone: so is the command
-                        log.debug("ray.exec.kill_failed", sandbox=self._id, error=repr(exc))
+                await self._kill_on_node(run_id, "exec")
             raise
+
+    async def _kill_on_node(self, run_id: str, what: str) -> None:
+        """Kill run ``run_id`` (a command's tree, or a code call) on its node, shielded and
+        bounded: it is gone before the cancellation (or error) that ended its wait goes on."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self._backend.timeouts.cleanup):
+            try:
+                await result(self._actor.exec_kill.remote(run_id), None)
+            except Exception as exc:  # noqa: BLE001 - the node is gone: so is the run
+                log.debug("ray.kill_failed", sandbox=self._id, run=what, error=repr(exc))
 
     # -- the code interpreter ---------------------------------------------------------
 
@@ -526,16 +526,7 @@ class RaySandbox(SandboxHandle):
                     events, execution, error = answer
         except BaseException:
             if execution is None and error is None:
-                # Shielded and bounded: the call is interrupted on its node (killed if it
-                # does not stop) before the cancellation (or error) goes on.
-                with (
-                    anyio.CancelScope(shield=True),
-                    anyio.move_on_after(self._backend.timeouts.cleanup),
-                ):
-                    try:
-                        await result(self._actor.exec_kill.remote(run_id), None)
-                    except Exception as exc:  # noqa: BLE001 - the node is gone: so is the code
-                        log.debug("ray.run_code.kill_failed", sandbox=self._id, error=repr(exc))
+                await self._kill_on_node(run_id, "run_code")
             raise
 
     async def _contexts(self, op: str, *args: Any) -> Any:
