@@ -192,7 +192,11 @@ class WarmPool(_Config, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """
 
     size: int
-    """How many ready sandboxes to keep."""
+    """How many ready sandboxes to keep. With ``recycle``, how many the pool keeps in
+    all: those out in an episode count too (they come back), so the pool makes no new
+    ones while its own are in use, and a start that finds none ready while the pool's
+    are being created waits for one of those rather than creating another. Starts beyond
+    ``size`` at once create their own, which join the pool when their episode ends."""
     max_age: float | None = 600.0
     """Seconds after which an unused pooled sandbox is replaced by a fresh one (counted
     from its creation, recycled or not)."""

@@ -149,6 +149,8 @@ class Lifecycle:
                             await self._runtime.remove(handle)
                     finally:
                         self._sandboxes.discard(self)
+                        if self._pool is not None:
+                            self._pool.ended(handle)
 
     async def reset(self) -> None:
         """See :meth:`asyncsandbox.Sandbox.reset`.

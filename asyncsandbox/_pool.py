@@ -48,6 +48,11 @@ class Pool:
         # By settings: (sandbox, created at, ready since), the last ready at the end.
         self._ready: dict[bytes, deque[tuple[SandboxHandle, float, float]]] = {}
         self._filling = 0
+        self._awaiting_fill = 0  # starts waiting for one of the fills under way
+        # The recycling warm pool's sandboxes out in an episode, and those its starts are
+        # creating: they come back, so they count toward its size (see _keep).
+        self._out: set[str] = set()
+        self._creating = 0
         self._resetting = 0
         self._resetting_by_key: dict[bytes, int] = {}
         self._born: dict[str, float] = {}  # sandbox id -> when it was created
@@ -67,7 +72,10 @@ class Pool:
         not free at once also takes the first sandbox of its settings to become ready
         meanwhile, whichever comes first: a burst of episodes larger than ``max_live``
         reuses the sandboxes of the episodes that end, rather than waiting for their
-        removal to create new ones.
+        removal to create new ones. A start of the recycling warm pool that finds none
+        ready waits for one of its fills under way, if one is not already another start's:
+        the pool's sandboxes are all it needs (its fills and a start's own creation would
+        otherwise queue for the same ``lifecycle`` slots, and make twice as many).
 
         Cancellation: nothing is taken and nothing is left.
         """
@@ -76,14 +84,45 @@ class Pool:
         key = _key(config)
         while not self._ready.get(key) and self._resetting_by_key.get(key):
             await self._changed.wait()
+        warm = self._warm(config)
         handle = self._pop(key)
-        if handle is not None:
+        if handle is None and warm:
+            handle = await self._from_fills(key)
+        if handle is None:
+            self._make_room()
+            live = runtime.live.statistics()
+            self._creating += int(warm)
+            try:
+                if not self._reusable(config) or live.limit is None or live.active < live.limit:
+                    handle = await runtime.create(spec)
+                else:
+                    handle = await self._first_ready_or_created(key, spec)
+            finally:
+                self._creating -= int(warm)
+                self._changed.set()
+        if warm:
+            self._out.add(handle.id)
+        return handle
+
+    async def _from_fills(self, key: bytes) -> SandboxHandle | None:
+        """The first of the warm pool's fills under way to be ready, if there is one no
+        earlier start waits for (None: there is none)."""
+        if self._awaiting_fill >= self._filling:
+            return None
+        self._awaiting_fill += 1
+        try:
+            while (handle := self._pop(key)) is None and self._filling:
+                await self._changed.wait()
             return handle
-        self._make_room()
-        live = runtime.live.statistics()
-        if not self._reusable(config) or live.limit is None or live.active < live.limit:
-            return await runtime.create(spec)
-        return await self._first_ready_or_created(key, spec)
+        finally:
+            self._awaiting_fill -= 1
+
+    def ended(self, handle: SandboxHandle) -> None:
+        """The episode of ``handle`` is over: it was recycled (it is being reset) or
+        removed."""
+        if handle.id in self._out:
+            self._out.discard(handle.id)
+            self._changed.set()
 
     async def _first_ready_or_created(self, key: bytes, spec: SandboxSpec) -> SandboxHandle:
         won: list[SandboxHandle] = []
@@ -214,7 +253,10 @@ class Pool:
                         wake = min(wake, expires)
             if config is not None:
                 ready = len(self._ready.get(self._home, ()))
-                for _ in range(config.size - ready - self._filling - self._resetting):
+                # A recycling pool's size is all its sandboxes: ready, being reset, or out
+                # in an episode (they come back).
+                out = len(self._out) + self._creating if config.recycle else 0
+                for _ in range(config.size - ready - self._filling - self._resetting - out):
                     self._filling += 1
                     tg.start_soon(self._fill)
             with anyio.move_on_after(wake - now):

@@ -160,6 +160,31 @@ async def test_recycling_serves_many_episodes_each_clean(process_root: Path) -> 
     assert _sandbox_dirs(process_root) == []
 
 
+async def test_a_recycling_pool_makes_no_more_sandboxes_than_its_size(process_root: Path) -> None:
+    """A recycling warm pool's sandboxes count toward its size while out in an episode
+    (they come back), and so do those its starts are creating: starts made as the session
+    opens take the pool's fills instead of creating their own beside them, and the pool
+    does not refill while its sandboxes are out. (It made twice its size: the fills, and
+    the starts' own, which joined the pool after their episodes.)"""
+    size = 2
+    async with session(process_root, warm_pool=WarmPool(size=size, recycle=True)) as s:
+        sandboxes = [s.sandbox() for _ in range(size)]
+        async with anyio.create_task_group() as tg:
+            for sandbox in sandboxes:
+                tg.start_soon(sandbox.start)
+        for sandbox in sandboxes:
+            await sandbox.exec(["true"], check=True)
+        for sandbox in sandboxes:
+            await sandbox.stop()
+        await pool_ready(s, size)
+        async with s.sandbox() as again:  # recycled: nothing new made
+            assert again.id in {sandbox.id for sandbox in sandboxes}
+        await pool_ready(s, size)
+        stats = s.statistics()
+        assert (stats.live.peak_active, stats.pool_ready) == (size, size)
+        assert len(_sandbox_dirs(process_root)) == size
+
+
 async def test_a_failed_reset_removes_the_sandbox_and_the_next_episode_gets_a_fresh_one(
     process_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
