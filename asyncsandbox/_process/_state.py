@@ -29,6 +29,7 @@ import contextlib
 import fcntl
 import os
 import re
+import stat
 import subprocess
 import time
 import uuid
@@ -341,6 +342,9 @@ def empty(layout: Layout) -> None:
     for entry in os.listdir(fs):
         path = fs / entry
         if path in areas and path.is_dir() and not path.is_symlink():
+            # Opened first: the episode may have left it unwritable (chmod 500), which
+            # stops no root owner, but any other.
+            os.chmod(path, stat.S_IRWXU)
             for child in os.listdir(path):
                 inside = path / child
                 if inside.is_dir() and not inside.is_symlink():
