@@ -20,8 +20,8 @@ def plant(marker: str) -> str:
     (workdir, /tmp, /dev/shm, the home's dotfiles and what `pip install --user` writes),
     processes (a daemon in its own session, a cron-like loop appending to a file whose
     command line carries ``marker``, one ignoring SIGTERM), IPC objects (a System V message
-    queue and semaphore, POSIX shared memory), and the environment later commands start
-    with (a login shell's profile)."""
+    queue and semaphore, POSIX shared memory), the environment later commands start with (a
+    login shell's profile), and the modes of the places it owns (the workdir, the home)."""
     return textwrap.dedent(
         r"""
         set -e
@@ -44,6 +44,7 @@ def plant(marker: str) -> str:
             print("no posix shm:", exc, file=sys.stderr)
         PY
         if command -v ipcmk >/dev/null; then ipcmk -Q >/dev/null; ipcmk -S 1 >/dev/null; fi
+        chmod 700 ~ && chmod 500 /workspace
         echo done
         """
     ).replace("MARKER", f"loop-{marker}")
@@ -57,6 +58,7 @@ LOOK = textwrap.dedent(
     echo "procs-any: $(for p in /proc/[0-9]*; do cat $p/cmdline 2>/dev/null | tr '\0' ' '; echo; done | grep -c -E 'sleep 100[12]|while [:]' || true)"
     if command -v ipcs >/dev/null; then echo "ipc: $(ipcs -q -s | grep -c '^0x' || true)"; fi
     echo "env: PLANTED=${PLANTED:-unset}"
+    echo "modes: $(stat -c '%a %u %n' /workspace ~ /tmp 2>&1 | tr '\n' ' ')"
     echo "login env: $(sh -lc 'echo ${PLANTED:-unset}')"
     """
 )

@@ -29,7 +29,7 @@ from ._api_path import AGENT, ApiPath
 from ._engine import Engine
 from ._executor import Executor
 from ._fast_path import FastPath
-from ._sandbox import Container, DockerAttributes, DockerSandbox, OomKills, Path, info
+from ._sandbox import OWNED_MODE, Container, DockerAttributes, DockerSandbox, OomKills, Path, info
 from ._store import SNAPSHOT_LABEL, Store
 
 __all__ = ("DockerAttributes", "DockerBackend")
@@ -279,7 +279,7 @@ class DockerBackend(Backend):
             host_config["CapAdd"] = [*_AGENT_CAPS, "SYS_ADMIN"]
         if self.recyclable:
             host_config["ReadonlyRootfs"] = True
-            owned = f"{_TMPFS},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=755"
+            owned = f"{_TMPFS},uid={SANDBOX_UID},gid={SANDBOX_UID},mode={OWNED_MODE}"
             host_config["Tmpfs"] = {
                 "/tmp": f"{_TMPFS},mode=1777",
                 "/var/tmp": f"{_TMPFS},mode=1777",

@@ -52,6 +52,10 @@ _STATES = {
     "removing": SandboxStatus.REMOVING,
     "dead": SandboxStatus.DEAD,
 }
+OWNED_MODE = "755"
+"""The mode of a recyclable container's workdir and home (tmpfs mounts of the sandbox
+user's) when it is created, and after each reset."""
+
 # Run as the sandbox user: its every other process killed (until none is left), then the
 # writable places (the arguments, /dev/shm, /dev/mqueue) and its IPC objects emptied;
 # exits non-zero, saying what is left, unless all of it is clean. Only shell builtins
@@ -71,6 +75,9 @@ for attempt in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
     [ "$left" = 0 ] && break
 done
 [ "$left" = 0 ] || { echo "$left processes survived"; exit 1; }
+owned_mode=$1
+shift
+workdir=$3 home=$4
 n=$#
 for dir in "$@" /dev/shm /dev/mqueue; do
     [ -d "$dir" ] && set -- "$@" "$dir"
@@ -112,6 +119,9 @@ if ipc_left; then
     ipcrm --all 2>/dev/null
     ! ipc_left || { echo "IPC objects remain"; status=1; }
 fi
+# The workdir and the home are the user's (the rest are root's): their mode back to a
+# fresh sandbox's, whatever the episode made it.
+chmod "$owned_mode" "$workdir" "$home" || { echo "the modes of $workdir and $home stay"; status=1; }
 exit $status
 """
 
@@ -394,7 +404,7 @@ class DockerSandbox(SandboxHandle):
             output.extend(data)
 
         status = await self.exec(
-            ("/bin/sh", "-c", _RESET, "reset", "/tmp", "/var/tmp", self._workdir, home),
+            ("/bin/sh", "-c", _RESET, "reset", OWNED_MODE, "/tmp", "/var/tmp", self._workdir, home),
             cwd="/",
             env={"LC_ALL": "C"},
             stdin=None,
