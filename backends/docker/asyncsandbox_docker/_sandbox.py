@@ -57,13 +57,14 @@ OWNED_MODE = "755"
 user's) when it is created, and after each reset."""
 
 # Run as the sandbox user: its every other process killed (until none is left), then the
-# writable places (the arguments, /dev/shm, /dev/mqueue) and its IPC objects emptied;
-# exits non-zero, saying what is left, unless all of it is clean. Only shell builtins
-# while processes may remain (a fork would be one more process to find); after that, a
-# reset starts one process (find) unless the episode left what cannot be deleted as it is
-# (then chmod, and find again) or IPC objects (then ipcrm): each process started costs
+# writable places (the arguments after the first, /dev/shm, /dev/mqueue) and its IPC
+# objects emptied, the workdir's and the home's mode set back (the first argument); exits
+# non-zero, saying what is left, unless all of it is clean. Only shell builtins while
+# processes may remain (a fork would be one more process to find); after that, a reset
+# starts two processes (find, chmod) unless the episode left what cannot be deleted as it
+# is (then chmod, and find again) or IPC objects (then ipcrm): each process started costs
 # more CPU than all the builtins (a reset per episode: 20 ms when each place had its own
-# chmod, find and ls, 2 ms now).
+# chmod, find and ls, 2-3 ms now).
 _RESET = r"""
 for attempt in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
     kill -9 -1 2>/dev/null
