@@ -21,7 +21,8 @@ def plant(marker: str) -> str:
     processes (a daemon in its own session, a cron-like loop appending to a file whose
     command line carries ``marker``, one ignoring SIGTERM), IPC objects (a System V message
     queue and semaphore, POSIX shared memory), the environment later commands start with (a
-    login shell's profile), and the modes of the places it owns (the workdir, the home)."""
+    login shell's profile), and the modes and extended attributes of the places it owns (the
+    workdir, the home)."""
     return textwrap.dedent(
         r"""
         set -e
@@ -44,6 +45,7 @@ def plant(marker: str) -> str:
             print("no posix shm:", exc, file=sys.stderr)
         PY
         if command -v ipcmk >/dev/null; then ipcmk -Q >/dev/null; ipcmk -S 1 >/dev/null; fi
+        python3 -c "import os; os.setxattr('/workspace', 'user.planted', b'1')" 2>/dev/null || true
         chmod 700 ~ && chmod 500 /workspace
         echo done
         """
@@ -59,6 +61,7 @@ LOOK = textwrap.dedent(
     if command -v ipcs >/dev/null; then echo "ipc: $(ipcs -q -s | grep -c '^0x' || true)"; fi
     echo "env: PLANTED=${PLANTED:-unset}"
     echo "modes: $(stat -c '%a %u %n' /workspace ~ /tmp 2>&1 | tr '\n' ' ')"
+    echo "xattrs: $(python3 -c 'import os; print([sorted(os.listxattr(p)) for p in ("/workspace", os.path.expanduser("~"))])' 2>&1)"
     echo "login env: $(sh -lc 'echo ${PLANTED:-unset}')"
     """
 )

@@ -58,13 +58,13 @@ user's) when it is created, and after each reset."""
 
 # Run as the sandbox user: its every other process killed (until none is left), then the
 # writable places (the arguments after the first, /dev/shm, /dev/mqueue) and its IPC
-# objects emptied, the workdir's and the home's mode set back (the first argument); exits
-# non-zero, saying what is left, unless all of it is clean. Only shell builtins while
-# processes may remain (a fork would be one more process to find); after that, a reset
-# starts two processes (find, chmod) unless the episode left what cannot be deleted as it
-# is (then chmod, and find again) or IPC objects (then ipcrm): each process started costs
-# more CPU than all the builtins (a reset per episode: 20 ms when each place had its own
-# chmod, find and ls, 2-3 ms now).
+# objects emptied, the workdir's and the home's mode (the first argument) and extended
+# attributes set back; exits non-zero, saying what is left, unless all of it is clean.
+# Only shell builtins while processes may remain (a fork would be one more process to
+# find); after that, a reset starts two processes (find, python3) unless the episode left
+# what cannot be deleted as it is (then chmod, and find again) or IPC objects (then
+# ipcrm): each process started costs more CPU than all the builtins (a reset per episode
+# started about 22 when each place had its own chmod, find and ls).
 _RESET = r"""
 for attempt in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
     kill -9 -1 2>/dev/null
@@ -78,6 +78,18 @@ done
 [ "$left" = 0 ] || { echo "$left processes survived"; exit 1; }
 owned_mode=$1
 shift
+RESTORE='
+import os, sys
+mode = int(sys.argv[1], 8)
+for place in sys.argv[2:]:
+    try:
+        for name in os.listxattr(place):
+            os.removexattr(place, name)
+        os.chmod(place, mode)
+    except OSError as exc:
+        print(place, "keeps its attributes or mode:", exc)
+        sys.exit(1)
+'
 workdir=$3 home=$4
 n=$#
 for dir in "$@" /dev/shm /dev/mqueue; do
@@ -121,8 +133,9 @@ if ipc_left; then
     ! ipc_left || { echo "IPC objects remain"; status=1; }
 fi
 # The workdir and the home are the user's (the rest are root's): their mode back to a
-# fresh sandbox's, whatever the episode made it.
-chmod "$owned_mode" "$workdir" "$home" || { echo "the modes of $workdir and $home stay"; status=1; }
+# fresh sandbox's, and their extended attributes (POSIX ACLs included) gone, whatever the
+# episode set (python3 is in every image: the agent is python3).
+python3 -I -S -c "$RESTORE" "$owned_mode" "$workdir" "$home" || status=1
 exit $status
 """
 
