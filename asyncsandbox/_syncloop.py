@@ -132,8 +132,20 @@ class SyncRuntime:
 
     def launch(self, what: str, func: Callable[[], Awaitable[T]], keep: object) -> Future[T]:
         portal = self.get_portal(f"{what}()")
+        launched: list[Future[T]] = []
+
+        async def task() -> T:
+            try:
+                return await func()
+            finally:
+                # ``keep`` is let go before the result is set, not after (the future's
+                # callbacks run once its waiter is woken): a caller that drops its
+                # SyncSandbox after ``.result()`` may have it collected at once.
+                if launched:
+                    self._forget(launched[0])
+
         try:
-            future = portal.start_task_soon(func, name=f"asyncsandbox.sync:{what}")
+            future = portal.start_task_soon(task, name=f"asyncsandbox.sync:{what}")
         except RuntimeError as exc:
             if self.state == _CLOSED:
                 raise SandboxClosed("the session is closed") from exc
@@ -145,7 +157,8 @@ class SyncRuntime:
         if closed:
             future.cancel()  # close() took its list of tasks to cancel before this one
         else:
-            future.add_done_callback(self._forget)
+            launched.append(future)
+            future.add_done_callback(self._forget)  # if it ended before it was listed
         return future
 
     def _forget(self, future: Future[Any]) -> None:
