@@ -15,6 +15,7 @@ import pytest
 
 from asyncsandbox import SandboxDefaults
 from asyncsandbox._process import ProcessAttributes
+from asyncsandbox._process._layout import etc_snapshot
 
 from . import _process_support as process
 from ._process_support import IS_ROOT, session
@@ -142,6 +143,32 @@ async def test_root_filesystem_image(process_root: Path) -> None:
     async with session(process_root, defaults=SandboxDefaults(image="python:3.12")) as s:
         with pytest.raises(Exception, match="root filesystem directories"):
             await s.sandbox().start()
+
+
+def test_the_etc_snapshot_keeps_the_hosts_symlinks_by_linking_them(tmp_path: Path) -> None:
+    """A sandbox's /etc is a snapshot of the system's, taken once per backend: its symlinks
+    that stay inside the sandbox's view keep their targets, as hard links of the system's
+    own (a host's /etc has hundreds, in ``ssl/certs`` and ``alternatives``: linking them
+    makes no inode); one leading out of the view becomes a copy of what it names."""
+    source = tmp_path / "system"
+    for directory in ("etc", "usr/lib", "usr/share/zoneinfo", "run"):
+        (source / directory).mkdir(parents=True)
+    (source / "usr/lib/os-release").write_text("ID=test\n")
+    (source / "usr/share/zoneinfo/UTC").write_text("TZif\n")
+    (source / "run/resolv.conf").write_text("nameserver 127.0.0.1\n")
+    kept = {"os-release": "../usr/lib/os-release", "localtime": "/usr/share/zoneinfo/UTC"}
+    for name, target in kept.items():
+        (source / "etc" / name).symlink_to(target)
+    (source / "etc/resolv.conf").symlink_to("/run/resolv.conf")
+
+    snapshot = etc_snapshot(tmp_path / "snapshots", source)
+
+    for name, target in kept.items():
+        ours, theirs = snapshot / name, source / "etc" / name
+        assert os.readlink(ours) == target
+        assert os.lstat(ours).st_ino == os.lstat(theirs).st_ino  # the same symlink
+    assert not (snapshot / "resolv.conf").is_symlink()
+    assert (snapshot / "resolv.conf").read_text() == "nameserver 127.0.0.1\n"
 
 
 # -- how its commands start ---------------------------------------------------------------

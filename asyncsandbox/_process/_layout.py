@@ -259,32 +259,52 @@ def etc_snapshot(parent: Path, source: Path) -> Path:
     return target
 
 
+def _link_symlink(path: str, out: str, target: str) -> None:
+    """``out``: the symlink ``path`` (to ``target``), as a hard link where the filesystem
+    and the owner allow (no inode to make: hosts have hundreds in /etc, ``ssl/certs`` and
+    ``alternatives``), else a new symlink to ``target``."""
+    try:
+        os.link(path, out, follow_symlinks=False)  # the symlink itself, not its target
+    except OSError:
+        os.symlink(target, out)
+        return
+    if os.readlink(out) != target:  # replaced on the host since it was read
+        os.unlink(out)
+        os.symlink(target, out)
+
+
 def _copy_tree(src: Path, dst: Path, source: Path) -> None:
     visible = {"proc", "etc", *(name for _, name, _ in _view(source))}
+    _copy_dir(str(src), str(dst), source, visible)
+
+
+def _copy_dir(src: str, dst: str, source: Path, visible: set[str]) -> None:
+    # (Paths as strings: a host's /etc has over a thousand entries, and pathlib's objects
+    # cost more than the system calls.)
     with os.scandir(src) as entries:
         listing = list(entries)
     for entry in listing:
-        path, out = Path(entry.path), dst / entry.name
+        path, out = entry.path, f"{dst}/{entry.name}"
         with contextlib.suppress(FileNotFoundError):  # removed while we copy
             if entry.is_symlink():
                 target = os.readlink(path)
                 top = target.lstrip("/").split("/", 1)[0]
                 if not target.startswith("/") or top in visible:
-                    os.symlink(target, out)
+                    _link_symlink(path, out, target)
                     continue
                 resolved = source / target.lstrip("/") if source != Path("/") else Path(target)
                 if resolved.is_file() and os.stat(resolved).st_mode & WORLD_READABLE:
                     shutil.copyfile(resolved, out)
-                    out.chmod(0o644)
+                    os.chmod(out, 0o644)
                 continue
             mode = entry.stat(follow_symlinks=False).st_mode
             if not mode & WORLD_READABLE:
                 continue
             if entry.is_dir(follow_symlinks=False):
                 if mode & stat.S_IXOTH:
-                    out.mkdir()
-                    _copy_tree(path, out, source)
-                    out.chmod(stat.S_IMODE(mode))
+                    os.mkdir(out)
+                    _copy_dir(path, out, source, visible)
+                    os.chmod(out, stat.S_IMODE(mode))
             elif entry.is_file(follow_symlinks=False):
                 if not mode & (stat.S_ISUID | stat.S_ISGID):
                     try:
@@ -294,4 +314,4 @@ def _copy_tree(src: Path, dst: Path, source: Path) -> None:
                         pass
                 with contextlib.suppress(PermissionError):
                     shutil.copyfile(path, out)
-                    out.chmod(stat.S_IMODE(mode) & ~(stat.S_ISUID | stat.S_ISGID))
+                    os.chmod(out, stat.S_IMODE(mode) & ~(stat.S_ISUID | stat.S_ISGID))
