@@ -539,6 +539,20 @@ async def _gone(root: Path, ids: set[str]) -> bool:
     return not ids & {i.id for i in await sandboxes(root)}
 
 
+def test_a_stdio_server_does_not_import_the_http_transport() -> None:
+    """``asyncsandbox mcp`` over stdio loads the package and its command line, not the
+    streamable-HTTP transport (Starlette, MCP's auth) nor the remote server's tenants (an
+    eighth of its start). Asked for, they are there."""
+    probe = (
+        "import sys, asyncsandbox_mcp\n"
+        "print(sorted(m for m in ('asyncsandbox_mcp._http', 'asyncsandbox_remote.server')"
+        " if m in sys.modules))\n"
+        "print(asyncsandbox_mcp.create_app.__module__, asyncsandbox_mcp.serve_http.__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines() == ["[]", "asyncsandbox_mcp serve_http"]
+
+
 # -- nothing left behind ---------------------------------------------------------------------
 
 

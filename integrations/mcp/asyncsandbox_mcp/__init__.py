@@ -13,12 +13,16 @@ Embed it with :func:`serve_stdio`, :func:`serve_http`, or mount :func:`create_ap
 application, asyncio) over a :class:`Workspaces` of your own.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._cli import main as main
 from ._config import MCP_TOOL_NAMES as MCP_TOOL_NAMES, McpConfig as McpConfig
-from ._http import create_app as create_app, serve_http as serve_http
 from ._server import INFRASTRUCTURE_ERROR as INFRASTRUCTURE_ERROR
 from ._stdio import serve_stdio as serve_stdio
 from ._workspaces import Workspaces as Workspaces
+
+if TYPE_CHECKING:
+    from ._http import create_app as create_app, serve_http as serve_http
 
 __all__ = (
     "MCP_TOOL_NAMES",
@@ -32,7 +36,25 @@ __all__ = (
 )
 
 # Show public objects as `asyncsandbox_mcp.X` (in reprs, tracebacks and the API reference),
-# as anyio does for its own.
-for _obj in (McpConfig, Workspaces, serve_stdio, serve_http, create_app, main):
+# as anyio does for its own (the HTTP transport's in ._http).
+for _obj in (McpConfig, Workspaces, serve_stdio, main):
     _obj.__module__ = __name__
 del _obj
+
+
+_LAZY = ("create_app", "serve_http")
+
+
+def __getattr__(name: str) -> Any:
+    # The streamable-HTTP transport (Starlette, MCP's auth, the remote server's tenants) is
+    # imported when first asked for: `asyncsandbox mcp` over stdio never needs it (its
+    # imports were ~120 ms of CPU of the stdio server's ~1 s start; the MCP SDK is the rest).
+    if name in _LAZY:
+        from . import _http
+
+        return getattr(_http, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:  # what dir() and the API reference's autodoc list
+    return sorted([*globals(), *_LAZY])

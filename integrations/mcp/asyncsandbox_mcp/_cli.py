@@ -8,17 +8,19 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
-from asyncsandbox_remote.server import Tenant, load_tenants
 
 from asyncsandbox import SandboxDefaults, SandboxError, Session
 from asyncsandbox.cli import parse_backend_options
 
 from ._config import MCP_TOOL_NAMES, McpConfig
-from ._http import is_loopback, serve_http
 from ._stdio import serve_stdio
+
+if TYPE_CHECKING:
+    from asyncsandbox_remote.server import Tenant
 
 __all__ = ("main",)
 
@@ -130,6 +132,8 @@ async def _http(
             sys.stdout.write(url + "\n")
             sys.stdout.flush()
 
+    from ._http import serve_http  # (not imported for stdio: see the package's __getattr__)
+
     async with session:
         return await serve_http(session, config, host=host, port=port, tenants=tenants, ready=ready)
 
@@ -171,6 +175,10 @@ def main(argv: Sequence[str] | None = None, *, verbosity: int = 0) -> int:
             _say(f"asyncsandbox mcp: --listen needs HOST:PORT, got {args.listen!r}")
             return 2
         host = host or "127.0.0.1"
+        from asyncsandbox_remote.server import load_tenants
+
+        from ._http import is_loopback
+
         tenants: Sequence[Tenant] | None = load_tenants(args.keys) or None
         if tenants is None and not is_loopback(host):
             _say(

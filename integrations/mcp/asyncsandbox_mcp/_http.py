@@ -275,3 +275,8 @@ async def serve_http(
         finally:
             sock.close()
     return bool(server.started)
+
+
+for _obj in (create_app, serve_http):  # shown as the package's (see its __init__)
+    _obj.__module__ = "asyncsandbox_mcp"
+del _obj
