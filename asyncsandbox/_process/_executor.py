@@ -170,10 +170,25 @@ class Executor:
             )
         if command.exit is None:
             raise ExecutorGone(
-                f"the sandbox's executor went away while the command ran ({self._gone}); "
-                "the command was killed with it"
+                f"the sandbox's executor went away while the command ran ({self._gone}"
+                f"{await self._how_it_ended()}); the command was killed with it"
             )
         return command.exit
+
+    async def _how_it_ended(self) -> str:
+        """How the executor's launcher ended, once reaped (within the grace), for the
+        error: its exit status, or the signal that killed the executor (the launcher
+        exits 128+N when its child, the executor, was killed by signal N) or itself."""
+        with anyio.move_on_after(self._grace):
+            await self.process.wait()
+        code = self.process.returncode
+        if code is None or self.process.status_lost:
+            return ""
+        number = -code if code < 0 else code - 128
+        try:
+            return f": killed by {signal.Signals(number).name}"
+        except ValueError:
+            return f": exit status {code}"
 
     async def reset(self) -> None:
         """Kill every command, and give the next ones fresh IPC and network namespaces
