@@ -40,7 +40,7 @@ import msgspec
 
 from .._errors import InvalidArgument
 from .._log import get_logger
-from . import _layout, _overlay
+from . import _layout, _overlay, _trash
 from ._cgroups import SandboxCgroup
 from ._layout import HostIds, Layout, rmtree
 
@@ -155,10 +155,9 @@ class Snapshots:
         path = directory(self.root, snapshot_id)
         if path is None:
             raise InvalidArgument(f"{snapshot_id!r} is not a process backend snapshot id")
-        trash = self.root / ".trash" / f"{snapshot_id}-{uuid.uuid4().hex[:6]}"
-        with contextlib.suppress(FileNotFoundError):
-            path.rename(trash)  # atomic: no sandbox starts from half of it
-            rmtree(trash)
+        with _trash.moved(path, self.root) as trash:  # atomic: no sandbox starts from half of it
+            if trash is not None:
+                rmtree(trash)
 
     def gc(self, live: set[str]) -> None:
         """Delete the layers of no snapshot and not in ``live`` (those live sandboxes mount)."""
@@ -169,29 +168,25 @@ class Snapshots:
 def layers_work(root: Path, ids: HostIds, owner: int) -> bool:
     """Whether this kernel mounts idmapped layers (owned by ``owner``) under an overlay, for
     a sandbox of host ``ids``: tried under ``root``'s trash."""
-    scratch = root / ".trash" / f"probe-{uuid.uuid4().hex[:8]}"
-    layer = scratch / LAYERS / "layer"
-    (layer / "work").mkdir(parents=True)
-    os.chown(layer / "work", owner, owner)
-    layout = Layout(
-        root=scratch / "sandbox",
-        image=None,
-        workdir="/workspace",
-        network="none",
-        etc=Path("/"),
-        host_ids=ids,
-    )
-    try:
-        _layout.prepare(layout, layered=True)
-        mount_layers(layout, ["layer"], owner)
-        return (layout.root / "fs" / "work").stat().st_uid == ids.uid
-    except OSError as exc:
-        get_logger().debug("process.snapshots.copies", reason=str(exc))
-        return False
-    finally:
-        with contextlib.suppress(OSError):
-            _overlay.unmount_under(scratch)
-            rmtree(scratch)
+    with _trash.scratch(root, "probe") as scratch:
+        layer = scratch / LAYERS / "layer"
+        (layer / "work").mkdir(parents=True)
+        os.chown(layer / "work", owner, owner)
+        layout = Layout(
+            root=scratch / "sandbox",
+            image=None,
+            workdir="/workspace",
+            network="none",
+            etc=Path("/"),
+            host_ids=ids,
+        )
+        try:
+            _layout.prepare(layout, layered=True)
+            mount_layers(layout, ["layer"], owner)
+            return (layout.root / "fs" / "work").stat().st_uid == ids.uid
+        except OSError as exc:
+            get_logger().debug("process.snapshots.copies", reason=str(exc))
+            return False
 
 
 def take(

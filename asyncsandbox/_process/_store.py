@@ -2,9 +2,8 @@
 
 One directory per sandbox under the backend's root, named by its id, with its
 ``meta.json``: what any process using this root needs to list, attach and remove it.
-Beside them: ``.trash/`` (directories being deleted: renamed there first, so that a
-sandbox disappears atomically), ``.etc/`` (the /etc snapshots sandboxes see) and the
-snapshots (:mod:`._state`).
+Beside them: ``.trash/`` (directories being deleted, see :mod:`._trash`), ``.etc/`` (the
+/etc snapshots sandboxes see) and the snapshots (:mod:`._state`).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import msgspec
 
 from .._models import SandboxInfo, SandboxStatus
 from ..abc import SandboxSpec
-from . import _layout, _overlay
+from . import _layout, _overlay, _trash
 from ._cgroups import Cgroups, SandboxCgroup
 from ._layout import HostIds, Layout, rmtree
 from ._state import SNAPSHOTS, Snapshots, layers_lock, mount_layers, restore, sweep
@@ -76,12 +75,9 @@ def prepare(root: Path) -> None:
     remove what no sandbox uses any more (old /etc snapshots, abandoned snapshots)."""
     root.mkdir(parents=True, exist_ok=True, mode=0o711)
     root.chmod(0o711)
-    for hidden, mode in ((".trash", 0o700), (".etc", 0o711), (SNAPSHOTS, 0o700)):
+    for hidden, mode in ((_trash.TRASH, 0o700), (".etc", 0o711), (SNAPSHOTS, 0o700)):
         (root / hidden).mkdir(exist_ok=True, mode=mode)
-    for leftover in (root / ".trash").iterdir():  # removals interrupted by a crash
-        with contextlib.suppress(OSError):  # (never delete what is still mounted)
-            _overlay.unmount_under(leftover)
-            rmtree(leftover)
+    _trash.sweep(root)  # removals a crash interrupted
     _sweep_etc(root)
     sweep(root)
 
@@ -201,17 +197,16 @@ class Store:
         gone, its uid released, the layers only it used deleted. Idempotent."""
         directory = self.root / sandbox_id
         meta = self.read_meta(sandbox_id)
-        trash = self.root / ".trash" / f"{sandbox_id}-{uuid.uuid4().hex[:6]}"
-        with contextlib.suppress(FileNotFoundError):
-            directory.rename(trash)  # atomic: list() and attach() stop seeing it
-        if cgroup is None and self.cgroups is not None:
-            cgroup = self.cgroups.attach(sandbox_id)
-        if cgroup is not None:
-            cgroup.remove()  # kills every process of the sandbox, whoever started it
-        if trash.exists():
-            # Never delete through a mount: a layer under it is other sandboxes' too.
-            _overlay.unmount_under(trash)
-            rmtree(trash)
+        # Moved first, atomically: list() and attach() stop seeing it.
+        with _trash.moved(directory, self.root) as trash:
+            if cgroup is None and self.cgroups is not None:
+                cgroup = self.cgroups.attach(sandbox_id)
+            if cgroup is not None:
+                cgroup.remove()  # kills every process of the sandbox, whoever started it
+            if trash is not None:
+                # Never delete through a mount: a layer under it is other sandboxes' too.
+                _overlay.unmount_under(trash)
+                rmtree(trash)
         if meta is not None and meta.host_uid is not None and self.uids is not None:
             self.uids.release(HostIds(meta.host_uid, meta.host_gid or 0), directory)
         if meta is not None and meta.layers:
