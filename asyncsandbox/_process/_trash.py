@@ -38,7 +38,7 @@ def moved(directory: Path, root: Path) -> Iterator[Path | None]:
         target = root / TRASH / f"{directory.name}-{uuid.uuid4().hex[:6]}"
         try:
             directory.rename(target)
-        except FileNotFoundError:  # removed by whoever held it before us
+        except FileNotFoundError:  # removed meanwhile by another owner
             yield None
         else:
             yield target
@@ -53,8 +53,12 @@ def scratch(root: Path, prefix: str) -> Iterator[Path]:
     while True:
         path = root / TRASH / f"{prefix}-{uuid.uuid4().hex[:8]}"
         path.mkdir()
-        fd = _locked(path)
-        try:  # a sweep may have taken it before our lock did, and deleted it
+        # A sweep may take it before our lock does, and delete it: then, another.
+        try:
+            fd = _locked(path)
+        except FileNotFoundError:
+            continue
+        try:
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 break
         except FileNotFoundError:
