@@ -202,22 +202,27 @@ async def test_backends_starting_together_on_one_root_take_nothing_from_each_oth
     that trash: none may delete another's probe, which failed the backend's start
     (BackendUnavailable) or silently made its snapshots copies instead of layers. (Failed
     before: 3 of 120 starts unavailable, 31 copies.)"""
+
+    def layered(backend: ProcessBackend) -> str:
+        assert backend._store is not None
+        return str(backend._store.snapshots.owner is not None)
+
     async with ProcessBackend(root=process_root) as first:
-        layered = first._store.snapshots.owner is not None
+        expected = layered(first)
     outcomes: list[str] = []
 
     async def start(times: int) -> None:
         for _ in range(times):
             try:
                 async with ProcessBackend(root=process_root) as backend:
-                    outcomes.append(str(backend._store.snapshots.owner is not None))
+                    outcomes.append(layered(backend))
             except Exception as exc:  # noqa: BLE001 - the test counts them
                 outcomes.append(repr(exc))
 
     async with anyio.create_task_group() as tg:
         for _ in range(4):
             tg.start_soon(start, 10)
-    assert outcomes == [str(layered)] * 40, sorted(set(outcomes))
+    assert outcomes == [expected] * 40, sorted(set(outcomes))
 
 
 async def test_a_killed_executor_is_an_infrastructure_error_then_replaced(
