@@ -4,17 +4,35 @@ enforced or refused, never ignored; best-effort limits only by name, and warned 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from asyncsandbox import ExecTimeout, InvalidArgument, Resources, SandboxDefaults, SandboxOOMKilled
+from asyncsandbox import (
+    ExecTimeout,
+    InfrastructureError,
+    InvalidArgument,
+    Resources,
+    SandboxDefaults,
+    SandboxOOMKilled,
+)
 from asyncsandbox._process import ProcessBackend
 
 from . import _process_support as process
 from ._process_support import IS_ROOT, session
-from ._support import PROCESS_MECHANISMS, eventually_async, mechanism_unavailable, process_options
+from ._support import (
+    PROCESS_MECHANISMS,
+    eventually_async,
+    mechanism_unavailable,
+    process_options,
+    processes_with,
+    unique_marker,
+)
 
 # The process family's fixture (tests/_process_support.py), this module's by name.
 anyio_backend = process.anyio_backend
@@ -36,6 +54,38 @@ async def test_memory_limit_oom_kills_the_command_not_the_sandbox(process_root: 
         fine = await sb.exec(["python3", "-c", "print('ok')"])
         assert fine.stdout == b"ok\n"
         assert not fine.oom_killed
+
+
+@needs_cgroups
+async def test_an_executor_lost_while_the_sandbox_ran_out_of_memory_says_both(
+    process_root: Path,
+) -> None:
+    """A command whose executor went away (here: killed from outside) while the sandbox
+    reached its memory limit (another command OOM-killed) fails with an error saying how
+    the executor ended and that memory ran out: what tells the kernel's OOM killer from
+    anything else when it happens unasked. (Before: "the executor exited", no more.)"""
+    marker = unique_marker()
+    options = {"isolation": "native", "fast_path": True}
+    defaults = SandboxDefaults(resources=Resources(memory_mb=64, pids=None))
+    async with (
+        session(process_root, backend_options=options, defaults=defaults) as s,
+        s.sandbox() as sb,
+    ):
+        await sb.exec(["true"])
+        handle: Any = sb._life.handle
+        launcher = handle._path.executor.process
+
+        async def hog_then_kill() -> None:
+            await eventually_async(lambda: processes_with(marker), what="the command runs")
+            hog = await sb.exec(["python3", "-c", "x = bytearray(300 << 20)"], timeout=60)
+            assert hog.oom_killed, hog
+            os.kill(launcher.pid, signal.SIGKILL)
+
+        said = r"killed by SIGKILL\); the command .*; the sandbox reached its memory limit"
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hog_then_kill)
+            with pytest.raises(InfrastructureError, match=said):
+                await sb.exec(["sleep", marker], timeout=60)
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the fake proves the policy on trio

@@ -27,6 +27,7 @@ from .._shellfiles import InteractiveProcess, ShellFiles
 from .._util import single_error
 from ..abc import ExitStatus, OutputCallback, SandboxHandle
 from . import _layout, _state
+from ._executor import ExecutorGone
 from ._executor_path import ExecutorPath
 from ._path import Box, Path as CommandPath, Run
 from ._spawn import feed, pump
@@ -108,14 +109,16 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         except InfrastructureError as exc:
             if not isinstance(exc, SandboxDied):
                 box.check_alive_after(exc)  # its executor went with the sandbox
-                if (
-                    box.mechanism.oom_ends_sandbox
-                    and box.cgroup is not None
-                    and box.cgroup.oom_kills() > oom_before
-                ):
-                    raise SandboxOOMKilled(
-                        self.id, "out of memory: its memory_mb holds its whole gVisor sandbox"
-                    ) from exc
+                if box.cgroup is not None and box.cgroup.oom_kills() > oom_before:
+                    if box.mechanism.oom_ends_sandbox:
+                        raise SandboxOOMKilled(
+                            self.id, "out of memory: its memory_mb holds its whole gVisor sandbox"
+                        ) from exc
+                    if isinstance(exc, ExecutorGone):  # what may have ended it, said
+                        raise ExecutorGone(
+                            f"{exc}; the sandbox reached its memory limit meanwhile (the "
+                            "kernel killed a process of it)"
+                        ) from exc
             raise
         if lifetime.cancelled_caught:
             raise SandboxDied(self.id, "max lifetime exceeded")
