@@ -79,6 +79,7 @@ def exec_result(
         stderr_size=err.size,
         signal=status.signal,
         oom_killed=status.oom_killed,
+        cpu_time=status.cpu_time,
     )
 
 

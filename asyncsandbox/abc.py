@@ -141,6 +141,9 @@ class ExitStatus(msgspec.Struct, frozen=True, kw_only=True):
     """0-255 (128+N after signal N), as a shell reports it."""
     signal: int | None = None
     oom_killed: bool = False
+    cpu_time: float | None = None
+    """CPU seconds of the command's main process and the children it waited for (its
+    ``wait4`` usage), where the backend can tell; else None."""
 
 
 class SandboxHandle(TypedAttributeProvider, metaclass=ABCMeta):

@@ -139,6 +139,36 @@ async def test_a_command_cannot_leave_its_limits_to_the_next(process_root: Path)
             assert seen.stdout == fresh.stdout, seen
 
 
+BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < {}: pass"
+
+
+async def test_a_commands_cpu_time_is_its_own_and_its_waited_childrens(process_root: Path) -> None:
+    """``cpu_time``: what the command's init got from ``wait4`` (the command and the
+    children it waited for), not the sandbox's other commands, nor the wall time; None for
+    a command that never ran, and on the per-command path, which cannot tell."""
+    async with fast_session(process_root) as s, s.sandbox() as sb:
+        busy = await sb.exec(["python3", "-c", BUSY.format(0.3)])
+        async with anyio.create_task_group() as tg:  # a busy neighbour counts for neither
+
+            async def neighbour() -> None:
+                await sb.exec(["python3", "-c", BUSY.format(0.5)])
+
+            tg.start_soon(neighbour)
+            idle = await sb.exec(["sleep", "0.2"])
+        waited = await sb.exec(["sh", "-c", f"python3 -c '{BUSY.format(0.2)}'; exit 3"])
+        missing = await sb.exec(["no-such-program"])
+    # (Each at least what it burnt, at most that and an interpreter's start or two more.)
+    assert busy.cpu_time == pytest.approx(0.4, abs=0.1), busy
+    assert idle.cpu_time == pytest.approx(0.05, abs=0.05), idle
+    assert waited.returncode == 3
+    assert waited.cpu_time == pytest.approx(0.3, abs=0.1), waited
+    assert missing.returncode == 127
+    assert missing.cpu_time is None, missing
+    options = {"isolation": "native", "fast_path": False}
+    async with process.session(process_root, backend_options=options) as s:
+        assert (await s.run(["python3", "-c", BUSY.format(0.05)])).cpu_time is None
+
+
 async def test_an_idle_executor_stops_and_the_next_command_starts_one(process_root: Path) -> None:
     async with fast_session(process_root, executor_idle=0.3) as s, s.sandbox() as sb:
         assert (await sb.exec(["echo", "one"])).stdout == b"one\n"

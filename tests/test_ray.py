@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pytest
 
-from asyncsandbox import Sandbox, SandboxDied, Session
+from asyncsandbox import ExecResult, Sandbox, SandboxDied, Session
 from asyncsandbox.testing import CHECKS, Check
 
 if TYPE_CHECKING:
@@ -184,14 +184,17 @@ async def test_a_burst_spreads_by_capacity(ray_cluster: LocalCluster) -> None:
 
 
 async def test_trio_driver(ray_cluster: LocalCluster) -> None:
-    async def main() -> bytes:
+    """A driver on trio; and what the node's backend knows of the command (its CPU time,
+    here) crosses the hop."""
+
+    async def main() -> ExecResult:
         options = ray_cluster.backend_options()
         async with Session("ray", backend_options=options) as session, session.sandbox() as sb:
-            return (await sb.exec(["echo", "from trio"])).stdout
+            return await sb.exec(["echo", "from trio"])
 
-    assert await anyio.to_thread.run_sync(lambda: anyio.run(main, backend="trio")) == (
-        b"from trio\n"
-    )
+    result = await anyio.to_thread.run_sync(lambda: anyio.run(main, backend="trio"))
+    assert result.stdout == b"from trio\n"
+    assert result.cpu_time is not None, result
 
 
 # -- the code interpreter -----------------------------------------------------------------

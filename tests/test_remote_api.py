@@ -21,6 +21,8 @@ import pytest
 from asyncsandbox_remote import _wire as wire
 from asyncsandbox_remote._openapi import openapi
 
+from asyncsandbox import Session
+
 from . import _remote_support as remote
 from ._remote_support import create_sandbox
 from ._support import ALICE, Server, serving
@@ -57,6 +59,24 @@ def test_unknown_request_fields_are_tolerated(process_server: Server) -> None:
         )
         assert response.json()["stdout"] == "b2s="  # base64 of b"ok"
         alice.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass"
+
+
+async def test_a_commands_cpu_time_crosses_the_wire(process_server: Server) -> None:
+    """What the server's backend knows of a command's CPU time reaches the client, from
+    the unary exec (JSON) and the streamed one (its exit frame, which Session uses)."""
+    with process_server.client(ALICE) as alice:
+        sandbox_id = create_sandbox(alice)
+        unary = alice.post(
+            f"/v1/sandboxes/{sandbox_id}/exec", json={"argv": ["python3", "-c", BURN]}
+        )
+        alice.delete(f"/v1/sandboxes/{sandbox_id}")
+    assert unary.json()["cpu_time"] == pytest.approx(0.3, abs=0.1), unary.json()
+    async with Session(process_server.backend()(), sweep=False) as session:
+        streamed = await session.run(["python3", "-c", BURN])
+    assert streamed.cpu_time == pytest.approx(0.3, abs=0.1), streamed
 
 
 def test_openapi_document(process_server: Server) -> None:

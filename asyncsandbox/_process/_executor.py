@@ -74,6 +74,7 @@ class _Command:
     def __init__(self) -> None:
         self.done = anyio.Event()
         self.exit: int | None = None
+        self.cpu: float | None = None  # its CPU seconds, when its init could say
         self.error: str | None = None
 
 
@@ -120,6 +121,7 @@ class Executor:
                 command = self._commands.get(answer["id"])
                 if command is not None:
                     command.exit = answer.get("exit")
+                    command.cpu = answer.get("cpu")
                     command.error = answer.get("error")
                     command.done.set()
         finally:

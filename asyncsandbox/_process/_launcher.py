@@ -286,7 +286,7 @@ def init(spec: Spec) -> NoReturn:
         start(spec)
     except BaseException as exc:  # noqa: BLE001 - anything here means "not started"
         failed(exc)
-    os._exit(reap())
+    os._exit(reap()[0])
 
 
 def build_view(spec: Spec, view: str) -> None:
@@ -549,16 +549,24 @@ def load_seccomp(bpf: bytes) -> None:
     )
 
 
-def reap() -> int:
-    """Reap until the command exits; then kill what it left and return its status."""
-    pid, code = COMMAND[0], None
+def reap(*, usage: bool = False) -> tuple[int, float | None]:
+    """Reap until the command exits; then kill what it left and return its status, and
+    (``usage``) the CPU seconds of the command and of the children it waited for
+    (``wait4``, whose result needs the ``resource`` module: the executor imports it
+    before ``pivot_root``)."""
+    pid, code, cpu = COMMAND[0], None, None
     while code is None:
         try:
-            child, status = os.waitpid(-1, 0)
+            if usage:
+                child, status, rusage = os.wait4(-1, 0)
+            else:
+                child, status = os.waitpid(-1, 0)
         except ChildProcessError:
-            return SETUP_FAILED  # cannot happen: the command is our child
+            return SETUP_FAILED, None  # cannot happen: the command is our child
         if child == pid:
             code = exit_code(status)
+            if usage:
+                cpu = rusage.ru_utime + rusage.ru_stime
     COMMAND[0] = 0
     # The command owns what it started: background jobs and daemons die with it.
     while True:
@@ -569,7 +577,7 @@ def reap() -> int:
         try:
             os.waitpid(-1, 0)
         except ChildProcessError:
-            return code
+            return code, cpu
 
 
 def forward(signum: int, frame: object) -> None:
@@ -620,7 +628,8 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
     Requests (marshal, one per SOCK_SEQPACKET record): ``{"op": "run", "id", "argv",
     "env", "cwd"}`` with the command's stdin, stdout and stderr attached (SCM_RIGHTS);
     ``{"op": "kill", "id"}``; ``{"op": "reset", "id"}`` (see :func:`reset`: answered
-    ``{"id", "exit": 0}`` once done). Answers: ``{"id", "exit": status}`` once a command's
+    ``{"id", "exit": 0}`` once done). Answers: ``{"id", "exit": status, "cpu": seconds}``
+    (``cpu``: what its init's ``wait4`` said, None if it never ran) once a command's
     namespace is empty (its init says so on its channel, so the answer never waits for a
     namespace to be torn down; an init that dies without saying it is answered for when it
     is reaped), or ``{"id", "error": message}`` if it could not be handed to an init. A
@@ -678,9 +687,10 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
             init.channel.close()
             init.channel = None
 
-    def ended(init: CommandInit, code: int) -> None:
+    def ended(init: CommandInit, said: bytes) -> None:
         if init.request is not None:
-            answer({"id": init.request, "exit": code})
+            code, cpu = map(int, said.split())
+            answer({"id": init.request, "exit": code, "cpu": None if cpu < 0 else cpu / 1e6})
             init.request = None
         if init.idle and sum(i.idle for i in inits.values()) > KEEP_IDLE:
             init.kill()
@@ -736,13 +746,13 @@ def serve(spec: Spec, control_fd: int) -> NoReturn:
                 init = channels.get(fd)  # None: closed since poll() said it was ready
                 if init is not None:
                     try:
-                        said = init.channel.recv(16, _socket.MSG_DONTWAIT)
+                        said = init.channel.recv(64, _socket.MSG_DONTWAIT)
                     except BlockingIOError:  # a new channel that took a closed one's number
                         continue
                     except OSError:
                         said = b""
                     if said:
-                        ended(init, int(said))
+                        ended(init, said)
                     else:  # it died: answered for once reaped
                         close_channel(init)
                 continue
@@ -850,15 +860,15 @@ def command_init(spec: Spec, request: dict[str, Any], fds: list[int], channel: A
     shed(spec)
     pristine = scheduling(), limits()
     while True:
-        code = launch({**spec, **request})
+        code, cpu = launch({**spec, **request}), None
         if code is None:
-            code = reap()  # the namespace holds no process but us now
+            code, cpu = reap(usage=True)  # the namespace holds no process but us now
         for fd in (0, 1, 2):  # the command's pipes: at their end once we let go of them
             os.dup2(null, fd)
         if (scheduling(), limits()) != pristine:  # the command meddled with us (reniced us,
             os._exit(code)  # lowered our limits): the next command would inherit it
-        try:
-            channel.send(b"%d" % code)
+        try:  # its status, and its CPU time in microseconds (-1: it never ran)
+            channel.send(b"%d %d" % (code, -1 if cpu is None else round(cpu * 1e6)))
             data, fds = recv_fds(channel)
         except OSError:
             os._exit(0)  # the executor is gone; so are we, in a moment

@@ -120,6 +120,11 @@ class Run:
         assert self.exited is not None
         return await self.exited()
 
+    @property
+    def cpu_time(self) -> float | None:
+        """Its CPU seconds, once it ended, where its path can tell (the executor's)."""
+        return None if self.command is None else self.command.cpu
+
     def close(self) -> None:
         for pipe in self._pipes:
             if pipe is not None:

@@ -128,7 +128,12 @@ class ProcessSandbox(ShellFiles, SandboxHandle):
         oom = box.cgroup is not None and box.cgroup.oom_kills() > oom_before
         if returncode < 0:  # the launcher itself was killed by a signal
             returncode = 128 - returncode
-        return ExitStatus(returncode=returncode, signal=9 if oom else None, oom_killed=oom)
+        return ExitStatus(
+            returncode=returncode,
+            signal=9 if oom else None,
+            oom_killed=oom,
+            cpu_time=run.cpu_time,
+        )
 
     async def stop_executor(self) -> None:
         """Stop the executor, if any: every command it runs dies."""

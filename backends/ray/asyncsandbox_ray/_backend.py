@@ -485,8 +485,10 @@ class RaySandbox(SandboxHandle):
                 if error is not None:
                     raise error_from_wire(error, sandbox_id=self._id)
                 if status is not None:
-                    returncode, signal, oom = status
-                    return ExitStatus(returncode=returncode, signal=signal, oom_killed=oom)
+                    returncode, signal, oom, cpu = status
+                    return ExitStatus(
+                        returncode=returncode, signal=signal, oom_killed=oom, cpu_time=cpu
+                    )
                 with _ray_errors(self._id, "exec"):
                     answer = await self._link.call("exec_poll", (run_id,), POLL_WAIT + CALL_GRACE)
                     chunks, status, error = answer

@@ -533,7 +533,9 @@ class NodeAgent:
         status = run.status
         return (
             chunks,
-            None if status is None else (status.returncode, status.signal, status.oom_killed),
+            None
+            if status is None
+            else (status.returncode, status.signal, status.oom_killed, status.cpu_time),
             run.error,
         )
 

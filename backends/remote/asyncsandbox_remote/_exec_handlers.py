@@ -110,6 +110,7 @@ class ExecHandlers:
                             duration=result.duration,
                             stdout_size=result.stdout_size,
                             stderr_size=result.stderr_size,
+                            cpu_time=result.cpu_time,
                         )
                     )
                 except SandboxError as exc:
@@ -297,4 +298,5 @@ def _exec_response(result: ExecResult) -> w.ExecResponse:
         stderr_size=result.stderr_size,
         signal=result.signal,
         oom_killed=result.oom_killed,
+        cpu_time=result.cpu_time,
     )

@@ -146,7 +146,10 @@ class Frames:
                 await self._on_output("stderr", frame.data)
         elif isinstance(frame, w.ExitFrame):
             self._status = ExitStatus(
-                returncode=frame.returncode, signal=frame.signal, oom_killed=frame.oom_killed
+                returncode=frame.returncode,
+                signal=frame.signal,
+                oom_killed=frame.oom_killed,
+                cpu_time=frame.cpu_time,
             )
             self._timed_out = frame.timed_out
         elif isinstance(frame, w.ErrorFrame):

@@ -185,6 +185,7 @@ class ExecResponse(_Message, kw_only=True):
     stderr_size: int = 0
     signal: int | None = None
     oom_killed: bool = False
+    cpu_time: float | None = None
 
 
 class OutputFrame(_Message, kw_only=True, tag_field="type", tag="output"):
@@ -205,6 +206,7 @@ class ExitFrame(_Message, kw_only=True, tag_field="type", tag="exit"):
     duration: float = 0.0
     stdout_size: int = 0
     stderr_size: int = 0
+    cpu_time: float | None = None
 
 
 class PingFrame(_Message, kw_only=True, tag_field="type", tag="ping"):
