@@ -20,7 +20,7 @@ import anyio
 import pytest
 
 from asyncsandbox import InfrastructureError, Limits, SandboxDied, Session
-from asyncsandbox._process import ProcessBackend
+from asyncsandbox._process import ProcessBackend, _trash
 
 from . import _process_support as process
 from ._process_support import fast_session, session
@@ -192,6 +192,19 @@ def test_a_removal_in_progress_elsewhere_is_left_to_its_owner(process_root: Path
             owner.kill()
     anyio.run(start_a_backend)
     assert not entry.exists()  # its owner died: the next start finished the removal
+
+
+def test_the_trash_copes_with_its_root_deleted_by_another_owner(process_root: Path) -> None:
+    """A root deleted whole while a backend starts there (a Ray node's agent removes its
+    node's root as it goes, while a sweep of that node starts a backend on it): the sweep
+    finds no trash, and the probe's scratch directory makes it again. (The scratch failed
+    with FileNotFoundError, and that backend's start with it.)"""
+    process_root.mkdir(parents=True, exist_ok=True)
+    assert not (process_root / ".trash").exists()
+    _trash.sweep(process_root)
+    with _trash.scratch(process_root, "probe") as scratch:
+        assert scratch.is_dir()
+    assert list((process_root / ".trash").iterdir()) == []
 
 
 async def test_backends_starting_together_on_one_root_take_nothing_from_each_other(

@@ -52,7 +52,7 @@ def scratch(root: Path, prefix: str) -> Iterator[Path]:
     (or, if it cannot be yet, by a later :func:`sweep`)."""
     while True:
         path = root / TRASH / f"{prefix}-{uuid.uuid4().hex[:8]}"
-        path.mkdir()
+        path.mkdir(parents=True)  # (the trash too, if another owner deleted the root)
         # A sweep may take it before our lock does, and delete it: then, another.
         try:
             fd = _locked(path)
@@ -76,7 +76,11 @@ def scratch(root: Path, prefix: str) -> Iterator[Path]:
 
 def sweep(root: Path) -> None:
     """Delete what the trash holds that no live owner works on (a crash interrupted it)."""
-    for entry in (root / TRASH).iterdir():
+    try:
+        entries = list((root / TRASH).iterdir())
+    except FileNotFoundError:  # another owner deleted the root meanwhile
+        return
+    for entry in entries:
         try:
             fd = _locked(entry, wait=False)
         except OSError:  # its owner is at work; or it is gone (or not a directory)
