@@ -99,6 +99,18 @@ async def test_signals_are_reported_on_the_fast_path() -> None:
     assert (exited.returncode, exited.signal) == (137, None)
 
 
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+
+
+async def test_a_commands_cpu_time_on_the_fast_path() -> None:
+    """The shepherd's ``wait4`` of the command: its CPU seconds and its waited children's."""
+    async with docker_session(unique_tag()) as s, s.sandbox() as sb:
+        busy = await sb.exec(["python3", "-c", BURN])
+        idle = await sb.exec(["sleep", "0.2"])
+    assert busy.cpu_time == pytest.approx(0.4, abs=0.1), busy
+    assert idle.cpu_time == pytest.approx(0.05, abs=0.05), idle
+
+
 # -- launcher failures are infrastructure errors (issue 18) -----------------------------------
 
 

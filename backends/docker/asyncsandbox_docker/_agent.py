@@ -26,7 +26,7 @@ process tree, so every command runs under this shepherd:
     command costs a fork instead of three Engine API calls. It prepares WORKDIR and HOME for
     UID, then runs each command under its own shepherd (as in ``run``), relays the
     command's output tagged with its job id, and reports how the command ended (exit
-    status, signal, OOM kill), or that it could not be started (``launch_error``). It is
+    status, signal, OOM kill, CPU time), or that it could not be started (``launch_error``). It is
     not dumpable and runs as root while commands run as UID: a command can neither signal
     it nor reach its file descriptors, so it cannot forge a frame. It exits — ending the
     container — when its LIFETIME (seconds) is over, or when the host disconnects (stdin
@@ -468,13 +468,14 @@ def shepherd(spec: "Dict[str, object]", uid: int, gid: int) -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    _, code = os.waitpid(child, 0)
+    _, code, usage = os.wait4(child, 0)
     killed_by = os.WTERMSIG(code) if os.WIFSIGNALED(code) else None
     kill_tree()
     status = {
         "returncode": os.WEXITSTATUS(code) if killed_by is None else 128 + killed_by,
         "signal": killed_by,
         "oom": killed_by == signal.SIGKILL and before >= 0 and oom_kills() > before,
+        "cpu": usage.ru_utime + usage.ru_stime,  # the command and the children it waited for
     }
     report()
     os._exit(0)

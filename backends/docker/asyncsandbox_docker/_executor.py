@@ -398,9 +398,13 @@ class Executor:
             status = job.status
         assert status is not None
         signal = status.get("signal")
-        return ExitStatus(returncode=int(status["returncode"]), signal=signal), bool(
-            status.get("oom")
+        cpu = status.get("cpu")
+        exit_status = ExitStatus(
+            returncode=int(status["returncode"]),
+            signal=signal,
+            cpu_time=float(cpu) if isinstance(cpu, int | float) else None,
         )
+        return exit_status, bool(status.get("oom"))
 
     async def aclose(self) -> None:
         """Stop serving: the sandbox is being removed (its commands end with it)."""

@@ -94,7 +94,12 @@ class FastPath(Path):
             raise died from exc
         if status.signal == 9 and not oom:  # the executor could not read the cgroup
             oom = await container.ooms.since(container.name, oom_before)
-        return ExitStatus(returncode=status.returncode, signal=status.signal, oom_killed=oom)
+        return ExitStatus(
+            returncode=status.returncode,
+            signal=status.signal,
+            oom_killed=oom,
+            cpu_time=status.cpu_time,
+        )
 
     def interact(
         self,
