@@ -19,7 +19,7 @@ import msgspec
 
 from .._models import SandboxInfo, SandboxStatus
 from ..abc import SandboxSpec
-from . import _layout, _trash
+from . import _layout, _overlay, _trash
 from ._cgroups import Cgroups, SandboxCgroup
 from ._layout import HostIds, Layout, rmtree
 from ._state import SNAPSHOTS, Snapshots, layers_lock, mount_layers, restore, sweep
@@ -204,7 +204,9 @@ class Store:
             if cgroup is not None:
                 cgroup.remove()  # kills every process of the sandbox, whoever started it
             if trash is not None:
-                _trash.delete(trash)  # never through a mount: a layer may be others' too
+                # Never delete through a mount: a layer under it is other sandboxes' too.
+                _overlay.unmount_under(trash)
+                rmtree(trash)
         if meta is not None and meta.host_uid is not None and self.uids is not None:
             self.uids.release(HostIds(meta.host_uid, meta.host_gid or 0), directory)
         if meta is not None and meta.layers:

@@ -69,7 +69,7 @@ def scratch(root: Path, prefix: str) -> Iterator[Path]:
     finally:
         try:
             with contextlib.suppress(OSError):
-                delete(path)
+                _delete(path)
         finally:
             os.close(fd)
 
@@ -87,12 +87,12 @@ def sweep(root: Path) -> None:
             continue
         try:
             with contextlib.suppress(OSError):  # (never delete what is still mounted)
-                delete(entry)
+                _delete(entry)
         finally:
             os.close(fd)
 
 
-def delete(path: Path) -> None:
+def _delete(path: Path) -> None:
     """Delete a tree of the trash, never through a mount (a layer under it is others')."""
     _overlay.unmount_under(path)
     rmtree(path)
