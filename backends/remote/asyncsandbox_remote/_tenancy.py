@@ -324,8 +324,8 @@ class Tenancy:
 
         async def remove(record: Record) -> None:
             log.info("remote.lease.expired", sandbox_id=record.id, tenant=record.tenant.name)
-            self.metrics.leases_expired += 1
             await self.drop(record)
+            self.metrics.leases_expired += 1  # once it is gone: what the metric says
 
         async with anyio.create_task_group() as tg:
             for record in expired:
