@@ -6,9 +6,12 @@ The child watches its main process (``/proc/PID/syscall``) until the main proces
 its exit system call (``exit_group``: it asked to exit, and the kernel holds it there for
 the judge's guard), waits ``NAP`` seconds, and writes the right answer. By the verdict
 rule nothing written after the program asked to exit counts, so every case accepted is a
-leftover's answer let in: the guard had not killed the case yet. With ``--siblings N``
-the program first forks N sleeping processes (the exits the kernel then runs, when the
-case is killed, compete with the guard for the CPUs).
+leftover's answer let in. When a case's output was whatever it held once the guard had
+killed the case, this measured the guard's delay (6-8 of 80 at a nap of 0 on two cores,
+14 of 480 at 50 ms beside the test suite); now the output of a process still running
+when the main one asked to exit never counts, and every figure must be 0 whatever the
+load. With ``--siblings N`` the program first forks N sleeping processes (the exits the
+kernel then runs, when the case is killed, compete with the guard for the CPUs).
 
     uv run python -m bench.judge_races                          # naps 0, 0.5, 1, 2 ms
     uv run python -m bench.judge_races --naps 200 --siblings 300 --rounds 4

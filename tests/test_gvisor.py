@@ -335,6 +335,34 @@ async def test_the_judge_runs_without_its_barrier(
     assert "judge.runner_gave_up" not in events, logs
 
 
+async def test_a_case_that_kills_the_runner_fails_itself_only(root: Path) -> None:
+    """Without the barrier (gVisor's kernel), a case can kill its runner (it runs as the
+    same user): the cases that runner did not answer for run again, each under a runner
+    of its own; a case that kills its own runner is a runtime error of its own making, and
+    the others keep their verdicts."""
+    if reason := gvisor_unavailable():
+        pytest.skip(reason)
+    source = (
+        "import os, signal\n"
+        "n = input()\n"
+        "if n == '2':\n"
+        "    os.kill(os.getppid(), signal.SIGKILL)\n"
+        "print(n)\n"
+    )
+    cases = [TestCase(stdin=f"{n}\n", expected=f"{n}\n") for n in range(1, 5)]
+    with capture_logs() as logs:
+        async with session(root) as s:
+            result = await s.judge(Program(source=source), cases, parallel=1)
+    assert [c.verdict for c in result.cases] == [
+        Verdict.ACCEPTED,
+        Verdict.RUNTIME_ERROR,
+        Verdict.ACCEPTED,
+        Verdict.ACCEPTED,
+    ], result
+    assert "runner was killed" in result.cases[1].message
+    assert [log["cases"] for log in logs if log["event"] == "judge.runner_gave_up"] == [3]
+
+
 async def test_without_runsc_the_error_names_the_package(
     root: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

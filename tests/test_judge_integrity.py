@@ -19,6 +19,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from structlog.testing import capture_logs
 
 from asyncsandbox import Resources, Session
 from asyncsandbox.judge import JudgeResult, Language, Program, TestCase, Verdict
@@ -53,6 +54,15 @@ PRELUDE = textwrap.dedent("""\
             os.setsid()  # refused behind today's barrier; the answer comes all the same
         except PermissionError:
             pass
+
+    def stat_of(pid):
+        # A process's parent and process group ((0, 0) once it is gone).
+        try:
+            with open("/proc/%d/stat" % pid, "rb") as f:
+                stat = f.read()
+        except OSError:
+            return (0, 0)
+        return tuple(int(field) for field in stat[stat.rindex(b")") + 2 :].split()[1:3])
 
     def until_exiting():
         # Until the main process is in its exit system call (x86-64's and arm64's
@@ -101,6 +111,38 @@ LEAVE = {
             until_exiting()
             time.sleep(0.2)
             os.write(1, answer)
+            os._exit(0)
+    """,
+    # A child that answers the moment the main process asked to exit: in the moment
+    # before the guard kills the case (one in ten here, when what answered was whatever
+    # the case's output held once it ended).
+    "at_once": """
+        libc.prctl(4, 1)  # PR_SET_DUMPABLE: its exit can be watched
+        if os.fork() == 0:
+            until_exiting()
+            os.write(1, answer)
+            os._exit(0)
+    """,
+    # A child that stops the guard (the runner's first child, in the runner's process
+    # group: the cases have sessions of their own), answers once the main process is
+    # held at its exit, and lets the guard go on: a guard that cannot answer in time,
+    # made so. It runs as the same user as the case.
+    "stopped_guard": """
+        guard = min(
+            int(name) for name in os.listdir("/proc")
+            if name.isdigit() and stat_of(int(name))[:2] == (os.getppid(), os.getpgid(os.getppid()))
+        )
+        try:
+            os.kill(guard, signal.SIGSTOP)
+        except PermissionError:
+            pass
+        if os.fork() == 0:
+            time.sleep(0.5)
+            os.write(1, answer)
+            try:
+                os.kill(guard, signal.SIGCONT)
+            except PermissionError:
+                pass
             os._exit(0)
     """,
     # A child that answers the moment its parent is gone.
@@ -237,6 +279,103 @@ async def test_a_program_that_kills_the_runner_gains_nothing(session: Session, k
     result = await session.judge(Program(source=source), CASES, time_limit=20, parallel=4)
     accepted = [case.index for case in result.cases if case.verdict == Verdict.ACCEPTED]
     assert not accepted, result
+
+
+@pytest.mark.parametrize("language", ["python", "python-command"])
+async def test_only_processes_that_ended_before_the_main_one_add_to_the_answer(
+    session: Session, language: str
+) -> None:
+    """What a child wrote counts once the child has ended (a subprocess the program ran);
+    what a process still running when the main one asked to exit wrote does not, even
+    written before (nobody can tell when it wrote), and the log says how much was left out."""
+    source = textwrap.dedent("""\
+        import os, subprocess, sys, time
+        a, b = map(int, sys.stdin.read().split())
+        subprocess.run(["echo", str(a + b)], check=True)
+        ready_r, ready_w = os.pipe()
+        if os.fork() == 0:
+            os.write(1, b"junk\\n")
+            os.write(ready_w, b"x")
+            time.sleep(60)
+        os.read(ready_r, 1)
+        os._exit(0)
+    """)
+    lang = "python" if language == "python" else PYTHON_COMMAND
+    with capture_logs() as logs:
+        result = await session.judge(Program(source=source, language=lang), CASES[:4], parallel=2)
+    assert result.verdict == Verdict.ACCEPTED, result
+    dropped = [log for log in logs if log["event"] == "judge.case.output_dropped"]
+    assert sorted((log["case"], log["bytes"]) for log in dropped) == [(n, 5) for n in range(4)]
+
+
+# What a program tries, to reach the processes that answer for it (its runner, the guard
+# that holds its exit, their process group): each with arguments that would change
+# nothing, so that the old code, which let them through, only said "ok".
+REACHING = textwrap.dedent("""\
+    import ctypes, errno, fcntl, os, resource
+    libc = ctypes.CDLL(None, use_errno=True)
+    def outcome(call, *args):
+        try:
+            result = call(*args)
+        except OSError as exc:
+            return errno.errorcode[exc.errno]
+        if isinstance(result, int) and result < 0:  # a C library call
+            return errno.errorcode[ctypes.get_errno()]
+        return "ok"
+    def stat_of(pid):
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            stat = f.read()
+        return tuple(int(field) for field in stat[stat.rindex(b")") + 2 :].split()[1:3])
+    runner = os.getppid()
+    group = os.getpgid(runner)
+    (guard,) = [
+        int(name) for name in os.listdir("/proc")
+        if name.isdigit() and int(name) != runner and stat_of(int(name)) == (runner, group)
+    ]
+    pidfd_open, pidfd_send_signal = 434, 424
+    tried = []
+    for pid in (guard, runner):
+        tried += [
+            outcome(os.kill, pid, 0),
+            outcome(libc.tgkill, pid, pid, 0),
+            outcome(libc.syscall, pidfd_open, pid, 0),
+            outcome(os.setpriority, os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, pid)),
+            outcome(os.sched_setaffinity, pid, os.sched_getaffinity(pid)),
+            outcome(os.sched_setscheduler, pid, os.SCHED_OTHER, os.sched_param(0)),
+            outcome(os.sched_setparam, pid, os.sched_param(0)),
+            outcome(resource.prlimit, pid, resource.RLIMIT_CORE),
+        ]
+    tried += [
+        outcome(os.kill, -group, 0),
+        outcome(os.kill, -1, 0),
+        outcome(os.setpriority, os.PRIO_PGRP, group, os.getpriority(os.PRIO_PGRP, group)),
+    ]
+    proc = os.open("/proc/%d" % guard, os.O_DIRECTORY)  # a pidfd, to pidfd_send_signal
+    tried.append(outcome(libc.syscall, pidfd_send_signal, proc, 0, None, 0))
+    r, w = os.pipe()
+    tried.append(outcome(fcntl.fcntl, r, 10, 0))  # F_SETSIG: a signal for its owner
+    # Its own processes, it still reaches.
+    if os.fork() == 0:
+        os._exit(0)
+    tried.append(outcome(os.kill, 0, 0))
+    tried.append(outcome(os.setpriority, os.PRIO_PROCESS, 0, 1))
+    tried.append(outcome(resource.prlimit, os.getpid(), resource.RLIMIT_CORE))
+    tried.append(outcome(os.sched_setaffinity, 0, os.sched_getaffinity(0)))
+    print(*tried)
+""")
+
+
+@pytest.mark.parametrize("language", ["python", "python-command"])
+async def test_a_program_cannot_reach_what_answers_for_it(session: Session, language: str) -> None:
+    """The runner and the guard run as the same user as the program. A program that stopped
+    the guard (or starved it, or pinned it to a busy CPU) would hold its exit unanswered
+    while what it left writes: none of that reaches them."""
+    lang = "python" if language == "python" else PYTHON_COMMAND
+    expected = " ".join(["EPERM"] * 21 + ["ok"] * 4) + "\n"
+    result = await session.judge(
+        Program(source=REACHING, language=lang), [TestCase(stdin="", expected=expected)]
+    )
+    assert result.verdict == Verdict.ACCEPTED, result.cases[0]
 
 
 # What a program's processes try, to leave its process group or the tree below its main

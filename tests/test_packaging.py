@@ -122,6 +122,8 @@ NEEDED_FILES = {
         "asyncsandbox/_process/_executor.py",
         "asyncsandbox/_judge/_runner.py",  # the judge's runner, shipped into sandboxes
         "asyncsandbox/_barrier.py",  # the exit barrier, shipped with it
+        "asyncsandbox/_judge/_guard.py",  # its guard, likewise
+        "asyncsandbox/_judge/_program.py",  # what each case's fork becomes, likewise
         "asyncsandbox/_interpreter/_runner.py",  # the code interpreter's, shipped likewise
     ],
     "asyncsandbox_docker": [

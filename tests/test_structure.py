@@ -32,11 +32,11 @@ STDLIB_PUBLIC = frozenset(
 
 # Reads of another module's privates that stay, each with why: (path, expression) -> why.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("asyncsandbox/_judge/_runner.py", "threading._shutdown"): (
+    ("asyncsandbox/_judge/_program.py", "threading._shutdown"): (
         "the judge's runner, a program shipped into the sandbox, replays the interpreter's "
         "exit (joins non-daemon threads) before it reports: CPython has no public call for it"
     ),
-    ("asyncsandbox/_judge/_runner.py", "atexit._run_exitfuncs"): (
+    ("asyncsandbox/_judge/_program.py", "atexit._run_exitfuncs"): (
         "the same: the interpreter's atexit handlers, run as the interpreter would at exit"
     ),
     ("asyncsandbox/_barrier.py", "_ctypes._SimpleCData"): (

@@ -28,12 +28,11 @@ import anyio
 from .._errors import ExecTimeout, FileErrorReason, SandboxFileError
 from .._log import get_logger
 from .._models import ExecResult, OutputChunk
-from ._runner import BOOT, UNLAUNCHABLE, UNWRITABLE
+from ._runner import BOOT, SHIPPED, UNLAUNCHABLE, UNWRITABLE
 
 __all__ = ("RUNNER_KILLED", "CannotRun", "CaseRun", "Source", "Stream", "Target", "run_cases")
 
-_RUNNER = Path(__file__).with_name("_runner.py").read_text()
-_BARRIER = Path(__file__).parent.parent.joinpath("_barrier.py").read_text()
+_SHIPPED = [(path, Path(__file__).parents[2].joinpath(path).read_text()) for _, path in SHIPPED]
 DIGEST = 4096
 RUNNER_KILLED = 137
 """The exit status of a case whose own runner was killed while it ran (by the case: the
@@ -165,14 +164,11 @@ def _boot() -> tuple[str, ...]:
 
 @functools.cache
 def _code() -> bytes:
-    """The start of the runner's stdin: the runner and the barrier, compiled here and as
+    """The start of the runner's stdin: the runner and what it needs, compiled here and as
     sources (see :data:`._runner.BOOT`)."""
-    codes = (
-        compile(_BARRIER, "asyncsandbox/_barrier.py", "exec", dont_inherit=True),
-        compile(_RUNNER, "asyncsandbox/_judge/_runner.py", "exec", dont_inherit=True),
-    )
+    codes = tuple(compile(text, path, "exec", dont_inherit=True) for path, text in _SHIPPED)
     compiled = marshal.dumps(codes)
-    sources = f"{_BARRIER}\0{_RUNNER}".encode()
+    sources = "\0".join(text for _, text in _SHIPPED).encode()
     return b"%d %d\n" % (len(compiled), len(sources)) + compiled + sources
 
 
@@ -427,6 +423,8 @@ class _Frames:
             self._meta = None
             if not meta.get("barrier", True):
                 self.barrier = False
+            if meta.get("stdout_dropped"):  # written by processes that outlived its end
+                _log.info("judge.case.output_dropped", case=index, bytes=meta["stdout_dropped"])
             signum = meta.get("signal")
             answers.append((
                 index,

@@ -21,7 +21,7 @@ Each case runs in a fork of this process, in a session of its own, with its own 
 
 **A case ends when its main process ends.** Before anything of the program runs, the
 fork installs the exit barrier (:mod:`asyncsandbox._barrier`), sends its listener to the
-guard (:class:`barrier.Guard`, a process of ours beside this one that does nothing else),
+guard (:class:`guard.Guard`, a process of ours beside this one that does nothing else),
 and becomes a child subreaper: what its descendants orphan stays below it. When the
 program's main process asks to exit, it is held there and the guard kills the case's
 process group, which nothing of the program can leave, so nothing the program left
@@ -30,10 +30,13 @@ parent-death signal); the guard tells us the status it asked to exit with before
 kill, and that is its status. The exits of the case's other processes are held too (the
 filter cannot tell them apart): the guard releases them at once. The case's time limit
 counts from the program's own start (the guard's word that its listener came), and its
-output is what is in its pipes once it ended: the pipes are at their end then, since
-nothing else holds them. Where the kernel offers no barrier, the rest of the case is
-killed as soon as its main process is reaped, and the answers say so (``"barrier":
-false``).
+output is what is in its stdout and stderr once it ended (they are at their end then,
+since nothing else holds them), of which stdout counts only what the program's main
+process and the processes that ended before it wrote (:meth:`Runner.answer`): not what a
+process still running when the main one asked to exit wrote, since it may have written
+after (the guard's kill comes when the scheduler lets it). Where the kernel offers no
+barrier, the rest of the case is killed as soon as its main process is reaped, all its
+output counts, and the answers say so (``"barrier": false``).
 
 Request, on stdin (read whole, with ``os.read``; ``sys.stdin`` is left to the cases): its
 length in decimal and a newline, then a dict in :mod:`marshal`'s format (built in: no
@@ -46,7 +49,8 @@ missing; empty: where it started), where the file is written before anything run
 
 Answers, on stdout (written with ``os.write``), one per case as it ends, in the order
 they end: a JSON line ``{"case", "status", "signal", "timed_out", "seconds", "cpu_seconds",
-"barrier", "stdout": length, "stderr": length, "stdout_truncated", "stderr_truncated"}``
+"barrier", "stdout": length, "stderr": length, "stdout_truncated", "stderr_truncated",
+"stdout_dropped": the bytes of stdout that did not count}``
 followed by that many bytes of output; then ``{"end": true, "barrier"}``. The program's output is only ever
 payload: it cannot end or forge an answer.
 
@@ -54,11 +58,12 @@ What a case cannot do: write to this process's stdout (its descriptors other tha
 three are closed before the program runs, and this process is not dumpable, so
 ``/proc/PPID/fd`` is closed to it), read the expected outputs (they never enter the
 sandbox), see its result altered (status from ``waitpid`` or its held exit's notice,
-output from its own pipes), or escape the barrier (the kernel lets a filter chain hold
-one listener only: the case's processes cannot make one of their own). It can kill this
-process or the guard (same user): the answers then stop short of ``end`` (this process
-ends when the guard does), and the host runs the cases without an answer again, each
-under a runner of its own.
+output from its own stdout and stderr), escape the barrier (the kernel lets a filter
+chain hold one listener only: the case's processes cannot make one of their own), or
+reach this process or the guard, though they run as the same user (the barrier's filter
+refuses signals, scheduling and limits aimed at them). Without the barrier it can kill
+them: the answers then stop short of ``end`` (this process ends when the guard does),
+and the host runs the cases without an answer again, each under a runner of its own.
 """
 
 from __future__ import annotations
@@ -71,14 +76,14 @@ import resource
 import select
 import sys
 import time
-import types
 
 TYPE_CHECKING = False  # not typing's: nothing is imported that the runner does not use
 if TYPE_CHECKING:
     import signal
-    from typing import Any, NoReturn
+    from typing import Any
 
     from asyncsandbox import _barrier as barrier  # sent beside this file (see BOOT)
+    from asyncsandbox._judge import _guard as guard, _program as program
 
     def read_at_least(data: bytes, size: int) -> bytes:
         """``data`` and what stdin holds after it, until ``size`` bytes at least (BOOT's,
@@ -87,6 +92,15 @@ else:
     # signal's C module: the same calls and numbers, without the enums (whose import
     # costs a judgement a few milliseconds of its interpreter's start).
     import _signal as signal
+
+SHIPPED = (
+    ("barrier", "asyncsandbox/_barrier.py"),
+    ("guard", "asyncsandbox/_judge/_guard.py"),
+    ("program", "asyncsandbox/_judge/_program.py"),
+    ("runner", "asyncsandbox/_judge/_runner.py"),
+)
+"""What the host sends the sandbox, in this order: (the global each module is to the ones
+after it, its path from the package's parent). This module, last, is run."""
 
 BOOT = """import marshal, os, sys, types
 def read_at_least(data, size):
@@ -103,38 +117,38 @@ sizes, _, data = data.partition(b"\\n")
 compiled, sources = map(int, sizes.split())
 data = read_at_least(data, compiled + sources)
 magic = getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", b"")
+shipped = %r
 if sys.argv[1] == magic.hex():
     codes = marshal.loads(data[:compiled])
 else:
     texts = data[compiled : compiled + sources].decode().split("\\0")
-    codes = (
-        compile(texts[0], "asyncsandbox/_barrier.py", "exec"),
-        compile(texts[1], "asyncsandbox/_judge/_runner.py", "exec"),
-    )
+    codes = [compile(text, path, "exec") for text, (_, path) in zip(texts, shipped)]
 del sys.argv[1:]
-barrier = types.ModuleType("barrier")
-exec(codes[0], barrier.__dict__)
-runner = {
-    "__name__": "asyncsandbox_judge_runner",
-    "barrier": barrier,
-    "read_at_least": read_at_least,
-    "PENDING": data[compiled + sources :],
-}
-exec(codes[1], runner)
+names = {"read_at_least": read_at_least}
+for (name, _), code in zip(shipped[:-1], codes):
+    module = types.ModuleType(name)
+    module.__dict__.update(names)
+    exec(code, module.__dict__)
+    names[name] = module
+runner = dict(names, __name__="asyncsandbox_judge_runner", PENDING=data[compiled + sources :])
+exec(codes[-1], runner)
 runner["main"]()
 os._exit(0)
-"""
+""" % (SHIPPED,)
 """``python3 -c BOOT MAGIC``, its stdin starting with ``COMPILED SOURCES\\n``, then
-COMPILED bytes of the barrier and this module compiled by the host and marshalled, then
+COMPILED bytes of the :data:`SHIPPED` modules compiled by the host and marshalled, then
 SOURCES bytes of their sources (UTF-8, a NUL between them). The compiled code is loaded
 where the sandbox's Python has the host's bytecode (its ``MAGIC`` number, in hex), which
 saves the sandbox compiling them for each judgement; elsewhere the sources are compiled.
 (In stdin, not the arguments: the interpreter decodes each argument as text, about 1.4 ms
-of CPU for these.) Then :func:`main` runs, the rest of stdin (what BOOT read of it is
-``PENDING``) being the request, and the interpreter leaves without its finalisation (what
-it would tear down dies with the process; every answer is written by then)."""
+of CPU for these.) Each module but this one becomes a module of its own, the ones before
+it (and BOOT's ``read_at_least``) its globals; then this module's :func:`main` runs, the
+rest of stdin (what BOOT read of it is ``PENDING``) being the request, and the
+interpreter leaves without its finalisation (what it would tear down dies with the
+process; every answer is written by then)."""
 
 MAX_FD = 1 << 16
+CREDENTIALS_SPACE = _socket.CMSG_SPACE(12)  # struct ucred: pid, uid, gid
 PR_SET_DUMPABLE = 4
 UNWRITABLE = 121
 """The runner's exit status when it cannot write the program (before answering anything:
@@ -218,113 +232,28 @@ def write_all(fd: int, data: bytes | bytearray) -> None:
         view = view[os.write(fd, view) :]
 
 
-# -- a case, in its fork ----------------------------------------------------------------
-
-
-class Program:
-    """What each case runs: a compiled Python program (fork mode) or an argv (exec)."""
-
-    def __init__(self, request: dict[str, Any]) -> None:
-        self.argv: list[str] | None = request.get("argv")
-        self.path: str = request.get("program") or ""
-        self.code: types.CodeType | None = None
-        self.error: BaseException | None = None
-        if self.argv is None:
-            with open(self.path, "rb") as file:
-                source = file.read()
-            try:
-                self.code = compile(source, os.path.abspath(self.path), "exec", dont_inherit=True)
-            except (SyntaxError, ValueError) as exc:
-                self.error = exc.with_traceback(None)  # raised in each case, as python3 would
-
-    def become(self, memory_kb: int | None) -> NoReturn:
-        """Become the program, in the case's fork (never returns)."""
-        if memory_kb is not None:
-            try:
-                limit = memory_kb * 1024
-                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-            except (OSError, ValueError) as exc:
-                os.write(2, ("cannot limit memory: %s\n" % exc).encode())
-                os._exit(125)
-        if self.argv is not None:
-            execute(self.argv)
-        run_python(self.path, self.code, self.error)
-
-
-def execute(argv: list[str]) -> NoReturn:
-    """``execvp``, with the exit statuses of a shell for a program that cannot run."""
-    try:
-        os.execvp(argv[0], argv)
-    except FileNotFoundError:
-        os.write(2, ("%s: not found\n" % argv[0]).encode(errors="replace"))
-        os._exit(127)
-    except OSError as exc:
-        os.write(2, ("%s: %s\n" % (argv[0], exc.strerror)).encode(errors="replace"))
-        os._exit(126)
-
-
-def run_python(path: str, code: types.CodeType | None, error: BaseException | None) -> NoReturn:
-    """Become ``python3 PATH`` for one case."""
-    status = 1
-    try:
-        main = types.ModuleType("__main__")
-        main.__file__ = os.path.abspath(path)
-        sys.modules["__main__"] = main
-        sys.argv = [path]
-        sys.path[0] = os.path.dirname(os.path.abspath(path))
-        try:
-            if error is not None:
-                raise error
-            exec(code, main.__dict__)  # type: ignore[arg-type] # code is None only with error
-            status = 0
-        except SystemExit as exc:
-            status = exit_status(exc.code)
-        except KeyboardInterrupt as exc:
-            report_uncaught(exc)
-            status = 128 + signal.SIGINT
-        except BaseException as exc:  # noqa: BLE001 - what the interpreter does with it
-            report_uncaught(exc)
-            status = 1
-        threading = sys.modules.get("threading")
-        if threading is not None:
-            threading._shutdown()  # as the interpreter does
-        import atexit
-
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except BaseException:  # noqa: BLE001 - as the interpreter: status 120
-                status = 120
-    finally:
-        os._exit(status)
-
-
-def report_uncaught(exc: BaseException) -> None:
-    if exc.__traceback__ is not None:  # from the program's frame on, not ours
-        exc.__traceback__ = exc.__traceback__.tb_next
-    sys.excepthook(type(exc), exc, exc.__traceback__)
-
-
-def exit_status(code: object) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    try:
-        sys.stderr.write("%s\n" % (code,))
-    except BaseException:  # noqa: BLE001, S110 - as the interpreter: the status is 1 anyway
-        pass
-    return 1
-
-
 # -- a case, as the runner sees it -------------------------------------------------------
 
 
 class Output:
+    """What a case wrote to one of its streams: for stdout, who wrote each part."""
+
     def __init__(self) -> None:
-        self.data = bytearray()
+        self.parts: list[tuple[int, bytearray]] = []  # (the writer's pid, or 0), in order
+        self.size = 0
         self.truncated = False
+
+    def add(self, writer: int, data: bytes) -> None:
+        if self.parts and self.parts[-1][0] == writer:
+            self.parts[-1][1].extend(data)
+        elif data:
+            self.parts.append((writer, bytearray(data)))
+        self.size += len(data)
+
+    def by(self, writers: set[int] | None) -> tuple[bytes, int]:
+        """What ``writers`` wrote (None: anyone), and how many bytes others wrote."""
+        kept = b"".join(data for who, data in self.parts if writers is None or who in writers)
+        return kept, self.size - len(kept)
 
 
 class Case:
@@ -337,6 +266,7 @@ class Case:
         self.held: int | None = None  # the status its main process asked to exit with
         # (the guard held it at its exit, then killed the case)
         self.open: dict[int, Output] = {}  # its pipes not at their end yet
+        self.exited: set[int] = set()  # its processes that ended before its main one
         self.outputs = {"stdout": Output(), "stderr": Output()}
         self.status: int | None = None
         self.cpu = 0.0  # CPU seconds of its main process and the children it waited for
@@ -356,10 +286,10 @@ class GuardGone(Exception):
 class Runner:
     """Runs the cases, ``parallel`` at a time, and answers for each as it ends."""
 
-    def __init__(self, request: dict[str, Any], inputs: int, program: Program) -> None:
+    def __init__(self, request: dict[str, Any], inputs: int, runs: program.Program) -> None:
         self.request = request
         self.inputs = inputs
-        self.program = program
+        self.program = runs
         self.me = os.getpid()
         self.running: dict[int, Case] = {}  # by the pid of its main process
         self.readers: dict[int, Case] = {}  # by the fd of one of its pipes
@@ -368,6 +298,8 @@ class Runner:
         self.guard = 0
         self.news: Any = None  # from the guard
         self.handshakes: Any = None  # to the guard: each case's fork has it until it wrote
+        self.filter: bytes | OSError = b""  # the barrier's, for every case
+        self.sockets: dict[int, Any] = {}  # each case's stdout, by its fd (see start)
         self.heard = bytearray()
         self.guard_done = False
 
@@ -383,21 +315,35 @@ class Runner:
                 low, high = sorted((guards_handshakes.fileno(), guards_news.fileno()))
                 for start, stop in ((3, low), (low + 1, high), (high + 1, MAX_FD)):
                     os.closerange(start, stop)
-                barrier.Guard(guards_handshakes, guards_news).run()
+                guard.Guard(guards_handshakes, guards_news).run()
             finally:
                 os._exit(1)
         guards_news.close()
         guards_handshakes.close()
         news.setblocking(False)
         self.guard, self.news, self.handshakes = pid, news, handshakes
+        try:  # out of the cases' reach: the guard, this process, and their group
+            self.filter = barrier.program(os.uname().machine, (pid, self.me, os.getpgrp()))
+        except OSError as exc:
+            self.filter = exc
 
     # -- starting a case --
 
     def start(self, case: Case) -> None:
         """Fork the case. Its program starts once its fork has handed the guard its
-        listener (the guard's news says when); its time counts from the fork until then."""
+        listener (the guard's news says when); its time counts from the fork until then.
+
+        Its stdout is a Unix stream socket, not a pipe: the kernel says who sent each part
+        of it (``SO_PASSCRED``: the sender's pid, never glued to another sender's), so that
+        what a process still running when the main one asked to exit wrote is told apart
+        (see :meth:`answer`); and, unlike a pipe, it cannot be opened again through
+        ``/proc``. Its stderr is a pipe (it earns nothing)."""
         stdin = case_stdin(self.inputs, *case.spec["stdin"])
-        out_r, out_w = os.pipe()
+        ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        ours.setsockopt(_socket.SOL_SOCKET, _socket.SO_PASSCRED, 1)
+        ours.shutdown(_socket.SHUT_WR)  # nothing for the case to read
+        out_r, out_w = ours.fileno(), theirs.detach()
+        self.sockets[out_r] = ours
         err_r, err_w = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -408,7 +354,7 @@ class Runner:
                 os.dup2(stdin, 0)
                 os.dup2(out_w, 1)
                 os.dup2(err_w, 2)
-                barrier.hand_over(self.handshakes)
+                guard.hand_over(self.handshakes, self.filter)
                 barrier.subreaper()  # what it orphans stays below it
                 os.closerange(3, MAX_FD)  # ours: the request, the other cases' pipes
             except BaseException:  # noqa: BLE001
@@ -439,21 +385,23 @@ class Runner:
         if not chunk:
             raise GuardGone
         self.heard += chunk
-        whole = len(self.heard) - len(self.heard) % barrier.NEWS.size
-        for offset in range(0, whole, barrier.NEWS.size):
-            what, pid, when, status = barrier.NEWS.unpack_from(self.heard, offset)
+        whole = len(self.heard) - len(self.heard) % guard.NEWS.size
+        for offset in range(0, whole, guard.NEWS.size):
+            what, pid, when, status = guard.NEWS.unpack_from(self.heard, offset)
             case = self.running.get(pid)
-            if what == barrier.UNGUARDED:  # whenever it comes: a case ran without one
+            if what == guard.UNGUARDED:  # whenever it comes: a case ran without one
                 self.barrier = False
-            elif what == barrier.DONE:
+            elif what == guard.DONE:
                 self.guard_done = True
             elif case is None or case.status is not None:  # killed before its news came
                 continue
-            elif what == barrier.STARTED:  # its program starts now: its time counts from here
+            elif what == guard.STARTED:  # its program starts now: its time counts from here
                 case.guarded = True
                 case.started = when
                 case.deadline = when + case.spec["time_limit"]
-            elif what == barrier.ENDED:
+            elif what == guard.EXITED:
+                case.exited.add(status)
+            elif what == guard.ENDED:
                 case.held = status
                 case.ended = when
         del self.heard[:whole]
@@ -461,7 +409,7 @@ class Runner:
     def finish_guard(self) -> None:
         """Every case ended: hear all the guard has to say (a case's word may reach it
         last: its fork wrote first, but the guard runs when it runs), and let it end."""
-        self.handshakes.send(barrier.HANDSHAKE.pack(0, barrier.FINISH))
+        self.handshakes.send(guard.HANDSHAKE.pack(0, guard.FINISH))
         self.news.setblocking(True)
         self.news.settimeout(GUARD_FINISH)
         try:
@@ -612,26 +560,46 @@ class Runner:
     def read(self, fd: int, limit: int) -> None:
         case = self.readers[fd]
         output = case.open[fd]
+        writer = 0
         try:
-            chunk = os.read(fd, 1 << 16)
+            sock = self.sockets.get(fd)
+            if sock is None:
+                chunk = os.read(fd, 1 << 16)
+            else:  # one sender's bytes at a time, and who sent them
+                chunk, ancillary, _, _ = sock.recvmsg(1 << 16, CREDENTIALS_SPACE)
+                for level, kind, data in ancillary:
+                    if level == _socket.SOL_SOCKET and kind == _socket.SCM_CREDENTIALS:
+                        writer = int.from_bytes(data[:4], sys.byteorder, signed=True)
         except BlockingIOError:
             return
         if not chunk:
             self.close(case, fd)
             return
-        room = limit - len(output.data)
-        output.data += chunk[: max(room, 0)]
+        room = limit - output.size
+        output.add(writer, chunk[: max(room, 0)])
         if len(chunk) > room and not output.truncated:
             output.truncated = True
             self.kill(case)  # its verdict is settled: output limit
 
     def close(self, case: Case, fd: int) -> None:
-        os.close(fd)
+        sock = self.sockets.pop(fd, None)
+        if sock is None:
+            os.close(fd)
+        else:
+            sock.close()
         del self.readers[fd], case.open[fd]
 
     def answer(self, case: Case) -> bytes:
-        status, out, err = case.status, case.outputs["stdout"], case.outputs["stderr"]
+        """The case's answer. Its stdout is what its main process wrote and what its
+        processes that ended before the main one asked to exit wrote (the guard's
+        ``EXITED``: in the order the kernel held their exits): a process still running
+        then (or gone by a signal, whose end nobody can place) may have written after,
+        and nothing written after the program ended counts. Without the barrier, all."""
+        status = case.status
         assert status is not None
+        writers = {case.pid} | case.exited if case.guarded else None
+        out, dropped = case.outputs["stdout"].by(writers)
+        err, _ = case.outputs["stderr"].by(None)
         meta = {
             "case": case.index,
             "status": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
@@ -640,12 +608,13 @@ class Runner:
             "seconds": case.ended - case.started,
             "cpu_seconds": case.cpu,
             "barrier": case.held is not None or not os.WIFEXITED(status),
-            "stdout": len(out.data),
-            "stderr": len(err.data),
-            "stdout_truncated": out.truncated,
-            "stderr_truncated": err.truncated,
+            "stdout": len(out),
+            "stderr": len(err),
+            "stdout_truncated": case.outputs["stdout"].truncated,
+            "stderr_truncated": case.outputs["stderr"].truncated,
+            "stdout_dropped": dropped,
         }
-        return json_line(meta) + out.data + err.data
+        return json_line(meta) + out + err
 
 
 def drain(fd: int) -> None:
@@ -684,4 +653,4 @@ def main() -> None:
     if why is not None:
         os.write(2, (why + "\n").encode(errors="replace"))
         os._exit(UNLAUNCHABLE)
-    Runner(request, inputs, Program(request)).run()
+    Runner(request, inputs, program.Program(request)).run()
