@@ -88,6 +88,7 @@ __all__ = (
     "Notice",
     "install",
     "kill",
+    "live_threads",
     "prctl",
     "processes",
     "program",
@@ -489,11 +490,16 @@ def thread_group(tid: int) -> int:
 
 def threads(pid: int) -> int:
     """How many threads of process ``pid`` have not ended (0: it is gone)."""
+    return len(live_threads(pid))
+
+
+def live_threads(pid: int) -> "Set[int]":
+    """The threads of process ``pid`` that have not ended (none: it is gone)."""
     try:
         tasks = os.listdir("/proc/%d/task" % pid)
     except OSError:
-        return 0
-    return sum(thread_alive(pid, int(tid)) for tid in tasks)
+        return set()
+    return {int(tid) for tid in tasks if thread_alive(pid, int(tid))}
 
 
 def thread_alive(pid: int, tid: int) -> bool:

@@ -308,6 +308,47 @@ async def test_only_processes_that_ended_before_the_main_one_add_to_the_answer(
     assert sorted((log["case"], log["bytes"]) for log in dropped) == [(n, 5) for n in range(4)]
 
 
+# Threads of the main process that end one by one (the exit system call, not exit_group),
+# the main thread among the first: the program ends with its last thread, with that
+# thread's status, and what that thread wrote is the program's.
+LAST_THREAD = textwrap.dedent("""\
+    import ctypes, os, sys, threading
+    libc = ctypes.CDLL(None, use_errno=True)
+    EXIT = {"x86_64": 60, "aarch64": 93, "riscv64": 93}[os.uname().machine]
+    a, b = map(int, sys.stdin.read().split())
+    main = os.getpid()
+
+    def main_thread_gone():
+        with open("/proc/self/task/%d/stat" % main, "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2 :][:1] in (b"Z", b"X")
+
+    def last():
+        while not main_thread_gone():
+            pass
+        os.write(1, b"%d\\n" % (a + b))
+        libc.syscall(EXIT, STATUS)
+
+    for _ in range(8):
+        threading.Thread(target=lambda: libc.syscall(EXIT, 0)).start()
+    threading.Thread(target=last).start()
+    libc.syscall(EXIT, 0)  # the main thread ends; the program goes on
+""")
+
+
+@pytest.mark.parametrize("status", [0, 3])
+@pytest.mark.parametrize("language", ["python", "python-command"])
+async def test_a_program_ends_with_its_last_thread(
+    session: Session, language: str, status: int
+) -> None:
+    lang = "python" if language == "python" else PYTHON_COMMAND
+    source = LAST_THREAD.replace("STATUS", str(status))
+    result = await session.judge(Program(source=source, language=lang), CASES[:4], parallel=2)
+    assert [(c.returncode, c.stdout) for c in result.cases] == [
+        (status, f"{2 * n + 1}\n") for n in range(4)
+    ], result
+
+
 # What a program tries, to reach the processes that answer for it (its runner, the guard
 # that holds its exit, their process group): each with arguments that would change
 # nothing, so that the old code, which let them through, only said "ok".

@@ -16,7 +16,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal
-    from typing import Any, Dict, NoReturn
+    from typing import Any, Dict, NoReturn, Set
 
     from asyncsandbox import _barrier as barrier  # sent beside this file (see BOOT)
 else:
@@ -42,7 +42,6 @@ HANDSHAKE = struct.Struct("=ic")
 """A case's fork to the guard: its pid, then ``L`` (with the listener) or ``!`` (and why
 it has none); or the runner's ``FINISH`` (pid 0), once every case ended."""
 FINISH = b"F"
-THREAD_GRACE = 1.0  # seconds a thread that was let go may take to be gone
 
 
 class Guarded:
@@ -51,6 +50,7 @@ class Guarded:
     def __init__(self, pid: int, listener: "barrier.Listener") -> None:
         self.pid = pid
         self.listener = listener
+        self.let_go: Set[int] = set()  # threads of its main process let go, maybe not gone
 
 
 class Guard:
@@ -140,17 +140,20 @@ class Guard:
                 self.tell(EXITED, case.pid, process)
             case.listener.release(notice)
             return
-        if notice.group or barrier.threads(case.pid) <= 1:
-            self.tell(ENDED, case.pid, notice.status)
-            kill_group(case.pid)
-            self.forget(case)  # what was killed exits without asking
-            return
-        # One thread of several: the program goes on. Wait until the thread is gone, so
-        # that the next thread's exit sees the true number of threads left.
-        case.listener.release(notice)
-        deadline = time.monotonic() + THREAD_GRACE
-        while barrier.thread_alive(case.pid, notice.tid) and time.monotonic() < deadline:
-            time.sleep(0.0001)
+        if not notice.group:
+            # A thread of the main process: the program's end only if it is the last
+            # one, not counting those let go before it (gone, or going: a thread let go
+            # cannot return to the program). Never waited for: a guard that waited for a
+            # thread the kernel keeps would leave every other exit unanswered meanwhile.
+            alive = barrier.live_threads(case.pid)
+            case.let_go &= alive
+            if alive - case.let_go - {notice.tid}:
+                case.listener.release(notice)
+                case.let_go.add(notice.tid)
+                return
+        self.tell(ENDED, case.pid, notice.status)
+        kill_group(case.pid)
+        self.forget(case)  # what was killed exits without asking
 
     def forget(self, case: "Guarded") -> None:
         del self.cases[case.listener.fileno()]
