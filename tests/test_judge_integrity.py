@@ -349,6 +349,19 @@ async def test_a_program_ends_with_its_last_thread(
     ], result
 
 
+@pytest.mark.parametrize("language", ["python", "python-command"])
+async def test_a_child_that_ends_with_its_last_thread_has_ended(
+    session: Session, language: str
+) -> None:
+    # The same threads in a child the main process waits for: the child ended (its last
+    # thread's exit) before the main process asked to, so what it wrote counts.
+    child = textwrap.indent(LAST_THREAD.replace("STATUS", "0"), "    ")
+    source = f"import os\npid = os.fork()\nif pid == 0:\n{child}os.waitpid(pid, 0)\n"
+    lang = "python" if language == "python" else PYTHON_COMMAND
+    result = await session.judge(Program(source=source, language=lang), CASES[:4], parallel=2)
+    assert result.verdict == Verdict.ACCEPTED, result
+
+
 # What a program tries, to reach the processes that answer for it (its runner, the guard
 # that holds its exit, their process group): each with arguments that would change
 # nothing, so that the old code, which let them through, only said "ok".

@@ -50,7 +50,8 @@ class Guarded:
     def __init__(self, pid: int, listener: "barrier.Listener") -> None:
         self.pid = pid
         self.listener = listener
-        self.let_go: Set[int] = set()  # threads of its main process let go, maybe not gone
+        # Of each of its processes, the threads let go at their exit (maybe not gone yet).
+        self.let_go: Dict[int, Set[int]] = {}
 
 
 class Guard:
@@ -63,7 +64,7 @@ class Guard:
 
     A case's end is answered with one system call: ``killpg`` of the case's process
     group, which nothing of the case can leave (the barrier's filter refuses ``setsid``
-    and ``setpgid``: see :func:`install`). The main process goes with it, held at
+    and ``setpgid``: see :func:`barrier.program`). The main process goes with it, held at
     its exit: the status it asked to exit with is in the notice, and the runner reports
     that (told before the kill, so it knows before it reaps).
 
@@ -133,27 +134,34 @@ class Guard:
         if notice is None:
             return
         process = notice.process(case.pid)
+        ends = notice.group or (process and self.last_thread(case, process, notice.tid))
         if process != case.pid:
             # At once (see the module docstring), once the runner knows, where it is a
             # process's end, that the process ended before the main one asked to.
-            if process and (notice.group or barrier.threads(process) <= 1):
+            if process and ends:
+                case.let_go.pop(process, None)
                 self.tell(EXITED, case.pid, process)
             case.listener.release(notice)
-            return
-        if not notice.group:
-            # A thread of the main process: the program's end only if it is the last
-            # one, not counting those let go before it (gone, or going: a thread let go
-            # cannot return to the program). Never waited for: a guard that waited for a
-            # thread the kernel keeps would leave every other exit unanswered meanwhile.
-            alive = barrier.live_threads(case.pid)
-            case.let_go &= alive
-            if alive - case.let_go - {notice.tid}:
-                case.listener.release(notice)
-                case.let_go.add(notice.tid)
-                return
-        self.tell(ENDED, case.pid, notice.status)
-        kill_group(case.pid)
-        self.forget(case)  # what was killed exits without asking
+        elif ends:
+            self.tell(ENDED, case.pid, notice.status)
+            kill_group(case.pid)
+            self.forget(case)  # what was killed exits without asking
+        else:
+            case.listener.release(notice)
+
+    @staticmethod
+    def last_thread(case: "Guarded", process: int, tid: int) -> bool:
+        """Whether thread ``tid``, held at its ``exit``, is the last of ``process``: not
+        counting the threads let go before it (gone, or going: a thread let go cannot
+        return to the program). Never waited for: a guard that waited for a thread the
+        kernel keeps in its exit would leave every other exit unanswered meanwhile."""
+        alive = barrier.live_threads(process)
+        let_go = case.let_go.setdefault(process, set())
+        let_go &= alive
+        if alive - let_go - {tid}:
+            let_go.add(tid)
+            return False
+        return True
 
     def forget(self, case: "Guarded") -> None:
         del self.cases[case.listener.fileno()]
