@@ -145,6 +145,23 @@ LEAVE = {
                 pass
             os._exit(0)
     """,
+    # A child that answers before the main process ends, and lives on: claiming, where
+    # its output says who wrote it, to be the main process (the kernel refuses the claim
+    # without CAP_SYS_ADMIN over the sandbox's pid namespace).
+    "forged_sender": """
+        import socket, struct
+        ready_r, ready_w = os.pipe()
+        if os.fork() == 0:
+            creds = struct.pack("iII", parent, os.getuid(), os.getgid())
+            try:
+                out = socket.socket(fileno=os.dup(1))
+                out.sendmsg([answer], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)])
+            except OSError:  # not a socket, or the claim refused
+                os.write(1, answer)
+            os.write(ready_w, b"x")
+            time.sleep(60)
+        os.read(ready_r, 1)
+    """,
     # A child that answers the moment its parent is gone.
     "orphaned": """
         if os.fork() == 0:
