@@ -551,7 +551,10 @@ async def test_exiting_as_if_the_memory_limit_were_refused_is_the_programs_own_f
 
 @pytest.mark.docker
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # aiodocker is asyncio only
-@pytest.mark.parametrize("leave", ["orphaned", "parent_death_signal", "double_fork"])
+@pytest.mark.parametrize(
+    "leave",
+    ["orphaned", "parent_death_signal", "double_fork", "at_once", "stopped_guard", "forged_sender"],
+)
 async def test_on_docker_too(docker_engine: None, leave: str) -> None:
     options = {"default_image": docker_test_image()}
     async with Session("docker", backend_options=options, sweep=False, report_to=[]) as s:
