@@ -43,9 +43,11 @@ bounded time on a loaded machine, so what closes this is order, not speed:
 
 What order cannot place is a thread: a thread of the main process (or of a process
 whose own exit is held) that writes while its process is held is counted as its process.
-That window is the guard's delay, and a command cannot lengthen it at will: the
-filter keeps the guard, the runner and their process group out of its reach (it cannot
-stop, starve or pin them: :func:`program`).
+It is no leftover: its process is alive, it dies with it, and the command's measured time
+runs until the kill. That moment is the guard's delay, and a command cannot lengthen it:
+the filter keeps the guard, the runner and their process group out of its reach (it
+cannot stop, starve or pin them: :func:`program`), and the guard never waits for anything
+of a command.
 
 Exits of the command's other processes and threads are notifications too; the
 supervisor releases them at once (a thread's exit is the main process's end only when it
