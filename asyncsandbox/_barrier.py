@@ -41,13 +41,16 @@ bounded time on a loaded machine, so what closes this is order, not speed:
   process still running wrote, early or late, does not count. So no process left behind
   can add to the answer, however late the guard is.
 
-What order cannot place is a thread: a thread of the main process (or of a process
-whose own exit is held) that writes while its process is held is counted as its process.
-It is no leftover: its process is alive, it dies with it, and the command's measured time
-runs until the kill. That moment is the guard's delay, and a command cannot lengthen it:
-the filter keeps the guard, the runner and their process group out of its reach (it
-cannot stop, starve or pin them: :func:`program`), and the guard never waits for anything
-of a command.
+What order cannot place is a thread. A thread of the main process that writes while the
+main process is held counts as the main process: it is the program itself, alive, and
+the command's measured time runs until the kill. A thread of another process that asked
+to exit before the main process did, writing while that exit is held (or before the
+kernel has stopped it), counts as that process, which ended before the main one: if the
+main process asks to exit meanwhile, that write can come after it, by as much as the
+guard's delay (an open window; order cannot close it without ordering every write).
+That delay is the scheduler's only: the filter keeps the guard, the runner and their
+process group out of the command's reach (it cannot stop, starve or pin them:
+:func:`program`), and the guard never waits for anything of a command.
 
 Exits of the command's other processes and threads are notifications too; the
 supervisor releases them at once (a thread's exit is the main process's end only when it
