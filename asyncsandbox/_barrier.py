@@ -132,6 +132,19 @@ X32 = 0x40000000
 # (and numbers of its own, from 512 on, for the calls whose arguments differ).
 # "reach0" and "reach1": calls whose first (second) argument names a process (or a process
 # group, or -1: every process it may signal); "reach01": both. "priority": setpriority.
+GENERIC: "Dict[str, Tuple[int, ...]]" = {  # asm-generic's numbers: aarch64, riscv64
+    "exit": (93, 94),
+    "prctl": (167,),
+    "group": (154, 157),
+    "clone": (220,),
+    "clone3": (435,),
+    "reach0": (129, 130, 138, 118, 119, 122, 274, 261, 434),
+    "reach01": (131, 240),
+    "reach1": (117,),
+    "priority": (140,),
+    "fcntl": (25,),
+    "signal": (424,),
+}
 ABIS: "Dict[str, List[Tuple[int, Dict[str, Tuple[int, ...]]]]]" = {
     "x86_64": [
         (
@@ -176,19 +189,7 @@ ABIS: "Dict[str, List[Tuple[int, Dict[str, Tuple[int, ...]]]]]" = {
     "aarch64": [
         (
             0xC00000B7,
-            {
-                "exit": (93, 94),
-                "prctl": (167,),
-                "group": (154, 157),
-                "clone": (220,),
-                "clone3": (435,),
-                "reach0": (129, 130, 138, 118, 119, 122, 274, 261, 434),
-                "reach01": (131, 240),
-                "reach1": (117,),
-                "priority": (140,),
-                "fcntl": (25,),
-                "signal": (424,),
-            },
+            GENERIC,
         ),
         (
             0x40000028,
@@ -210,19 +211,7 @@ ABIS: "Dict[str, List[Tuple[int, Dict[str, Tuple[int, ...]]]]]" = {
     "riscv64": [
         (
             0xC00000F3,
-            {
-                "exit": (93, 94),
-                "prctl": (167,),
-                "group": (154, 157),
-                "clone": (220,),
-                "clone3": (435,),
-                "reach0": (129, 130, 138, 118, 119, 122, 274, 261, 434),
-                "reach01": (131, 240),
-                "reach1": (117,),
-                "priority": (140,),
-                "fcntl": (25,),
-                "signal": (424,),
-            },
+            GENERIC,
         ),
     ],
 }
