@@ -333,15 +333,19 @@ LAST_THREAD = textwrap.dedent("""\
     libc = ctypes.CDLL(None, use_errno=True)
     EXIT = {"x86_64": 60, "aarch64": 93, "riscv64": 93}[os.uname().machine]
     a, b = map(int, sys.stdin.read().split())
-    main = os.getpid()
 
-    def main_thread_gone():
-        with open("/proc/self/task/%d/stat" % main, "rb") as f:
-            stat = f.read()
-        return stat[stat.rindex(b")") + 2 :][:1] in (b"Z", b"X")
+    def alive(tid):
+        try:
+            with open("/proc/self/task/%s/stat" % tid, "rb") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        return stat[stat.rindex(b")") + 2 :][:1] not in (b"Z", b"X")
 
     def last():
-        while not main_thread_gone():
+        # Once every other thread is gone (the main one a zombie): this one is the last.
+        me = threading.get_native_id()
+        while any(alive(tid) for tid in os.listdir("/proc/self/task") if int(tid) != me):
             pass
         os.write(1, b"%d\\n" % (a + b))
         libc.syscall(EXIT, STATUS)
