@@ -8,6 +8,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import anyio
+import msgspec
 
 from asyncsandbox import BackendUnavailable, SandboxDied
 from asyncsandbox.abc import ExitStatus, InteractiveProcess, OutputCallback, ShellFiles
@@ -94,12 +95,7 @@ class FastPath(Path):
             raise died from exc
         if status.signal == 9 and not oom:  # the executor could not read the cgroup
             oom = await container.ooms.since(container.name, oom_before)
-        return ExitStatus(
-            returncode=status.returncode,
-            signal=status.signal,
-            oom_killed=oom,
-            cpu_time=status.cpu_time,
-        )
+        return msgspec.structs.replace(status, oom_killed=oom)
 
     def interact(
         self,
