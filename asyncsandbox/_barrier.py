@@ -54,7 +54,7 @@ process group out of the command's reach (it cannot stop, starve or pin them:
 
 Exits of the command's other processes and threads are notifications too; the
 supervisor releases them at once (a thread's exit is the main process's end only when it
-is the last thread: :func:`threads`). The command cannot slip out of the barrier: the
+is the last thread: :func:`live_threads`). The command cannot slip out of the barrier: the
 kernel lets one filter chain hold one listener only, so none of its processes can make a
 listener of its own (``EBUSY``), and a filter of its own that fails or kills its exit
 makes it die by a signal, never exit with a status. A main process that exits with a
@@ -99,7 +99,6 @@ __all__ = (
     "program",
     "subreaper",
     "thread_alive",
-    "threads",
 )
 
 HIDDEN_EXIT = int(signal.SIGSYS)
@@ -480,11 +479,6 @@ def thread_group(tid: int) -> int:
     except (OSError, ValueError):
         pass
     return 0
-
-
-def threads(pid: int) -> int:
-    """How many threads of process ``pid`` have not ended (0: it is gone)."""
-    return len(live_threads(pid))
 
 
 def live_threads(pid: int) -> "Set[int]":
