@@ -240,6 +240,7 @@ class Output:
 
     def __init__(self) -> None:
         self.parts: list[tuple[int, bytearray]] = []  # (the writer's pid, or 0), in order
+        self.socket: Any = None  # where it is read from, if a socket (stdout: see start)
         self.size = 0
         self.truncated = False
 
@@ -299,7 +300,6 @@ class Runner:
         self.news: Any = None  # from the guard
         self.handshakes: Any = None  # to the guard: each case's fork has it until it wrote
         self.filter: bytes | OSError = b""  # the barrier's, for every case
-        self.sockets: dict[int, Any] = {}  # each case's stdout, by its fd (see start)
         self.heard = bytearray()
         self.guard_done = False
 
@@ -343,7 +343,7 @@ class Runner:
         ours.setsockopt(_socket.SOL_SOCKET, _socket.SO_PASSCRED, 1)
         ours.shutdown(_socket.SHUT_WR)  # nothing for the case to read
         out_r, out_w = ours.fileno(), theirs.detach()
-        self.sockets[out_r] = ours
+        case.outputs["stdout"].socket = ours
         err_r, err_w = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -562,7 +562,7 @@ class Runner:
         output = case.open[fd]
         writer = 0
         try:
-            sock = self.sockets.get(fd)
+            sock = output.socket
             if sock is None:
                 chunk = os.read(fd, 1 << 16)
             else:  # one sender's bytes at a time, and who sent them
@@ -582,7 +582,7 @@ class Runner:
             self.kill(case)  # its verdict is settled: output limit
 
     def close(self, case: Case, fd: int) -> None:
-        sock = self.sockets.pop(fd, None)
+        sock = case.open[fd].socket
         if sock is None:
             os.close(fd)
         else:
