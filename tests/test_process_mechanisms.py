@@ -114,6 +114,28 @@ async def test_refuses_with_what_is_missing(
             pass
 
 
+@pytest.mark.skipif(not IS_ROOT, reason="as root, sandboxes run as other users")
+async def test_a_root_other_users_cannot_reach_is_refused_by_name(
+    process_root: Path, no_mechanism_cached: None
+) -> None:
+    """As root, sandboxes run as other users, who must be able to pass every directory
+    above the root (pytest's ``tmp_path`` and ``tempfile.mkdtemp()`` are 0700): the refusal
+    names the directory in the way and what to do, not bubblewrap's "Permission denied"
+    followed by "install bubblewrap"."""
+    private = process_root / "private"
+    private.mkdir(mode=0o700, parents=True)
+    with pytest.raises(BackendUnavailable) as refused:
+        async with session(private / "root"):
+            pass
+    message = str(refused.value)
+    assert f"{private} (mode 0700)" in message, message
+    assert f"chmod o+x {private}" in message, message
+    assert "install bubblewrap" not in message, message
+    private.chmod(0o711)  # passable: the same root works
+    async with session(private / "root") as s:
+        assert (await s.run(["true"])).returncode == 0
+
+
 async def test_weaker_modes_are_asked_for_by_name_and_warned_about(
     process_root: Path, monkeypatch: pytest.MonkeyPatch, no_mechanism_cached: None
 ) -> None:

@@ -166,6 +166,15 @@ class ProcessBackend(Backend):
         _raise_descriptor_limit()
         root = self.root
         _store.prepare(root)
+        if self._uids is not None and (closed := _store.closed_above(root)) is not None:
+            mode = closed.stat().st_mode & 0o7777
+            raise BackendUnavailable(
+                f"the process backend's sandboxes cannot reach its root {root}: "
+                f"{closed} (mode {mode:04o}) lets no other user through, and as root the "
+                f"sandboxes run as other users (host uids {self._uids.start} to "
+                f"{self._uids.start + self._uids.count - 1}). To fix it: chmod o+x {closed}, "
+                "or choose a root every user can reach (backend_options={'root': ...})"
+            )
         probe_ids = self._uids.claim(root / ".probe") if self._uids else None
         layer_owner: int | None = None  # None: snapshots are copies (see _state)
         try:

@@ -82,6 +82,22 @@ def prepare(root: Path) -> None:
     sweep(root)
 
 
+def closed_above(root: Path) -> Path | None:
+    """The nearest directory above ``root`` that other users cannot pass (no execute bit
+    for others, and no ACL that might grant one), or None. As root, sandboxes run as other
+    users, who must pass every directory on the way to theirs."""
+    for parent in root.resolve().parents:
+        if parent.stat().st_mode & 0o001:
+            continue
+        try:
+            if any(name.startswith("system.posix_acl") for name in os.listxattr(parent)):
+                continue  # an ACL may let them through: the probe will tell
+        except OSError:
+            continue
+        return parent
+    return None
+
+
 def etc_for(root: Path, image: Path | None) -> Path:
     """The /etc snapshot of the host (``None``) or of an image, made on first use in this
     process (and shared by its backends with the same root)."""
