@@ -466,7 +466,7 @@ class RaySandbox(SandboxHandle):
         timeout: float | None = None,
     ) -> ExitStatus:
         run_id = uuid.uuid4().hex  # ours: a start still on its way can be killed by it
-        status: Any = None
+        status: ExitStatus | None = None
         error: Any = None
         try:
             chunks, status, error = await self._call(
@@ -485,10 +485,7 @@ class RaySandbox(SandboxHandle):
                 if error is not None:
                     raise error_from_wire(error, sandbox_id=self._id)
                 if status is not None:
-                    returncode, signal, oom, cpu = status
-                    return ExitStatus(
-                        returncode=returncode, signal=signal, oom_killed=oom, cpu_time=cpu
-                    )
+                    return status
                 with _ray_errors(self._id, "exec"):
                     answer = await self._link.call("exec_poll", (run_id,), POLL_WAIT + CALL_GRACE)
                     chunks, status, error = answer

@@ -530,14 +530,7 @@ class NodeAgent:
                 return chunks, None, self._died("?")
             return chunks, None, None
         del self._runs[run_id]
-        status = run.status
-        return (
-            chunks,
-            None
-            if status is None
-            else (status.returncode, status.signal, status.oom_killed, status.cpu_time),
-            run.error,
-        )
+        return chunks, run.status, run.error  # the ExitStatus itself, as list() sends infos
 
     async def exec_kill(self, run_id: str) -> None:
         """Kill the command's process tree (the local backend's cancellation) and wait."""
