@@ -258,17 +258,18 @@ _AGENT_PROTOCOL = (
 
 
 def test_the_executor_client_speaks_the_agents_protocol() -> None:
-    """The frame layout and kinds of ``_executor.py`` (the host) and ``_agent.py`` (the
-    container) agree, as do the Engine API path's shepherd paths and status: each side is
-    imported, nothing restated, so changing one side alone fails here."""
-    from asyncsandbox_docker import _agent, _api_path, _executor
+    """The frame layout and kinds of ``_executor.py`` (the host) and ``_agent_executor.py``
+    (the container) agree, as do the Engine API path's shepherd paths and status with the
+    agent's (``_agent.py``): each side is imported, nothing restated, so changing one side
+    alone fails here."""
+    from asyncsandbox_docker import _agent, _agent_executor, _api_path, _executor
 
     for name in _AGENT_PROTOCOL:
-        host, agent = getattr(_executor, name), getattr(_agent, name)
+        host, agent = getattr(_executor, name), getattr(_agent_executor, name)
         if name == "FRAME":
             host, agent = host.format, agent.format
         assert host == agent, f"{name}: the host says {host!r}, the agent {agent!r}"
-    kinds = [getattr(_agent, name) for name in _AGENT_PROTOCOL[1:]]
+    kinds = [getattr(_agent_executor, name) for name in _AGENT_PROTOCOL[1:]]
     assert len(set(kinds)) == len(kinds), "two frame kinds share a number"
     for name in ("RUN_DIR", "LAUNCH_FAILED"):
         assert getattr(_api_path, name) == getattr(_agent, name), name

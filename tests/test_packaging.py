@@ -119,16 +119,22 @@ NEEDED_FILES = {
     "asyncsandbox": [
         "asyncsandbox/py.typed",
         "asyncsandbox/_process/_launcher.py",  # the native launcher, run as a program
+        "asyncsandbox/_process/_resident.py",  # the resident executor, run with it
         "asyncsandbox/_process/_executor.py",
         "asyncsandbox/_judge/_runner.py",  # the judge's runner, shipped into sandboxes
         "asyncsandbox/_barrier.py",  # the exit barrier, shipped with it
         "asyncsandbox/_judge/_guard.py",  # its guard, likewise
         "asyncsandbox/_judge/_program.py",  # what each case's fork becomes, likewise
         "asyncsandbox/_interpreter/_runner.py",  # the code interpreter's, shipped likewise
+        "asyncsandbox/_interpreter/_common.py",  # its modules, with it
+        "asyncsandbox/_interpreter/_charts.py",
+        "asyncsandbox/_interpreter/_hooks.py",
+        "asyncsandbox/_interpreter/_kernel.py",
     ],
     "asyncsandbox_docker": [
         "asyncsandbox_docker/py.typed",
-        "asyncsandbox_docker/_agent.py",  # the executor inside each container
+        "asyncsandbox_docker/_agent.py",  # the shepherd of every command in a container
+        "asyncsandbox_docker/_agent_executor.py",  # the executor inside each container
     ],
 }
 NEEDED_ENTRY_POINTS = {

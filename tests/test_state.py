@@ -88,14 +88,15 @@ async def test_an_executor_that_cannot_reset_is_replaced_and_says_why(
     reset still hands over a fresh sandbox, through a new executor, and says why the old
     one could not stay (a reset that silently cost an executor start once hid that every
     gVisor reset failed)."""
-    original = _isolation.LAUNCHER.read_text()
+    original = _isolation.RESIDENT.read_text()
     source = original.replace(
-        'check(LIBC.unshare(flags), "create fresh IPC and network namespaces")',
-        'raise SetupError("injected: no new namespaces")',
+        'launcher.check(launcher.LIBC.unshare(flags), "create fresh IPC and network namespaces")',
+        'raise launcher.SetupError("injected: no new namespaces")',
     )
     assert source != original
-    code = compile(source, str(_isolation.LAUNCHER), "exec")
-    monkeypatch.setattr(_isolation, "_launcher_code", lambda: code)
+    code = compile(source, str(_isolation.RESIDENT), "exec")
+    launcher_code, _ = _isolation._launcher_codes()
+    monkeypatch.setattr(_isolation, "_launcher_codes", lambda: (launcher_code, code))
 
     # What tells a new executor from the old one: the network namespace's counters, which
     # only a new namespace starts at zero (its id may be the old one's, freed and reused,

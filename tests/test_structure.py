@@ -44,7 +44,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "module (importing ctypes cost each judgement about 2.5 ms of CPU): its C int and "
         "char types are made as ctypes makes c_int and c_char, from this base"
     ),
-    ("asyncsandbox/_interpreter/_runner.py", "figure._suptitle"): (
+    ("asyncsandbox/_interpreter/_charts.py", "figure._suptitle"): (
         "a matplotlib figure's suptitle, for its chart: matplotlib has a public accessor "
         "(get_suptitle) from 3.8 on only, and the runner uses it there; Debian 12 ships 3.6"
     ),
@@ -66,20 +66,7 @@ ALLOWED: dict[tuple[str, str], str] = {
 }
 
 # Modules over MAX_LINES, each with why: path -> why.
-LONG_ALLOWED: dict[str, str] = {
-    "asyncsandbox/_interpreter/_runner.py": (
-        "one program, never imported by the package: sent whole as `python3 -c SOURCE` into "
-        "the sandbox, where the package does not exist"
-    ),
-    "asyncsandbox/_process/_launcher.py": (
-        "one program, never imported: compiled whole and run in a fresh interpreter before "
-        "the sandbox's filesystem exists (python -I -S), so it cannot import a sibling"
-    ),
-    "backends/docker/asyncsandbox_docker/_agent.py": (
-        "one program, never imported: sent whole as `python3 -I -S -c SOURCE` into the "
-        "container, where the package does not exist"
-    ),
-}
+LONG_ALLOWED: dict[str, str] = {}
 
 # Import circles still being untangled by others: the circle's modules -> why.
 CIRCLES_ALLOWED: dict[frozenset[str], str] = {}

@@ -1,12 +1,12 @@
 """The host side of the code interpreter: one runner per sandbox, over the handle's
 :meth:`~asyncsandbox.abc.SandboxHandle.interact`, and the contexts in it.
 
-The runner (``_runner.py``, sent as ``python3 -c SOURCE``) starts on the sandbox's first
-``run_code`` as one long-running command, and serves every context of the sandbox until
-the sandbox stops (or the runner dies: the next call starts a new one, and the contexts
-it had come back fresh, saying so). A task of the runtime's holds the runner's process
-open and reads its frames, routing each to the call (or request) it answers by its id;
-calls write their requests through one lock, each frame whole (shielded: half a frame
+The runner (:mod:`._runner` and its modules, sent as ``python3 -c RUNNER``) starts on the
+sandbox's first ``run_code`` as one long-running command, and serves every context of the
+sandbox until the sandbox stops (or the runner dies: the next call starts a new one, and
+the contexts it had come back fresh, saying so). A task of the runtime's holds the runner's
+process open and reads its frames, routing each to the call (or request) it answers by its
+id; calls write their requests through one lock, each frame whole (shielded: half a frame
 would corrupt the channel for every context).
 
 A call's timeout is enforced here: past it the call's kernel is interrupted (SIGINT, as a
@@ -54,7 +54,36 @@ from ._models import (
     Execution,
 )
 
-RUNNER = (Path(__file__).parent / "_runner.py").read_text()
+SHIPPED = ("common", "charts", "hooks", "kernel", "runner")
+"""The runner's modules (``_common.py``...), in the order the sandbox runs them: each gets
+the ones before it as globals of those names (``common``, ...), and :mod:`._runner`, the
+program, is last."""
+
+_BOOT = """import types
+names = {}
+for name, path, text in %r:
+    module = types.ModuleType(name)
+    module.__dict__.update(names)
+    exec(compile(text, path, "exec"), module.__dict__)
+    names[name] = module
+names["runner"].main()
+"""
+
+
+def _program() -> str:
+    here = Path(__file__).parent
+    parts = [
+        (name, f"asyncsandbox/_interpreter/_{name}.py", (here / f"_{name}.py").read_text())
+        for name in SHIPPED
+    ]
+    return _BOOT % (parts,)
+
+
+RUNNER = _program()
+"""``python3 -c RUNNER``: the runner's modules (:data:`SHIPPED`), their sources in it, run
+one after the other, each a module of its own that is not in ``sys.modules`` (the code's
+own ``import common`` finds its own), then the runner's ``main()``. One argument, sent
+once per runner: compiled in the sandbox, by its own Python."""
 
 
 class InteractiveSandbox(Protocol):

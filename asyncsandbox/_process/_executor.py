@@ -2,7 +2,7 @@
 
 Without it, every command builds the sandbox's namespaces and filesystem view afresh (a
 launcher per command, ~10-25 ms). With it, the native launcher builds them once, when the
-sandbox first runs something, and stays as the sandbox's init (``_launcher.serve``): a
+sandbox first runs something, and stays as the sandbox's init (``_resident.serve``): a
 command then costs a ``posix_spawn`` in the sandbox plus a few messages on sockets (a fork
 only when no command init is idle), and its output goes straight from the command to us
 through pipes it was handed.
@@ -194,7 +194,7 @@ class Executor:
 
     async def reset(self) -> None:
         """Kill every command, and give the next ones fresh IPC and network namespaces
-        and an empty ``/dev/shm`` (see ``_launcher.reset``); raise :class:`ExecutorGone` (or
+        and an empty ``/dev/shm`` (see ``_resident.reset``); raise :class:`ExecutorGone` (or
         :class:`InfrastructureError`, with why) if it could not."""
         self._check()
         self._next_id += 1

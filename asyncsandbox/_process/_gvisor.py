@@ -67,6 +67,7 @@ from . import _seccomp
 from ._isolation import (
     JOIN_CGROUPS,
     LAUNCHER,
+    RESIDENT,
     SHM_SIZE,
     STARTED,
     IsolationUnavailable,
@@ -85,14 +86,18 @@ PACKAGE_HINT = (
 # the bounding set first), killing commands of another uid (CAP_KILL). Commands hold none.
 CAPABILITIES = ["CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL"]
 BOOT_PATH = "/.asyncsandbox/boot"
-# The sandbox's python3 compiles the launcher itself: it may not be our interpreter's
-# version (an image's), and marshalled code is only read by the version that wrote it.
-BOOT = f"""import marshal
+# The sandbox's python3 compiles the launcher and the resident executor itself (as
+# _isolation.BOOT runs them): it may not be our interpreter's version (an image's), and
+# marshalled code is only read by the version that wrote it.
+BOOT = f"""import marshal, sys
 with open({BOOT_PATH!r}, "rb") as f:
-    source, spec = marshal.loads(f.read())
-launcher = {{"__name__": "asyncsandbox._process._launcher"}}
-exec(compile(source, "_launcher.py", "exec"), launcher)
-launcher["main"](spec)
+    (launcher_source, resident_source), spec = marshal.loads(f.read())
+launcher = type(sys)("asyncsandbox._process._launcher")
+exec(compile(launcher_source, "_launcher.py", "exec"), launcher.__dict__)
+resident = type(sys)("asyncsandbox._process._resident")
+resident.launcher = launcher
+exec(compile(resident_source, "_resident.py", "exec"), resident.__dict__)
+resident.main(spec)
 """
 
 GUARANTEES = (
@@ -204,7 +209,7 @@ class GVisor(Resident):
         boot.unlink(missing_ok=True)
         fd = os.open(boot, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o400)
         with os.fdopen(fd, "wb") as f:
-            f.write(marshal.dumps((LAUNCHER.read_text(), spec)))
+            f.write(marshal.dumps(((LAUNCHER.read_text(), RESIDENT.read_text()), spec)))
         (bundle / "config.json").write_text(json.dumps(self._config(layout, boot)))
         return bundle
 

@@ -44,15 +44,23 @@ MODES: tuple[Mode, ...] = ("auto", "bwrap", "native", "gvisor", "none")
 
 STARTED = b"\0asyncsandbox:started\0"  # keep in step with _launcher.STARTED
 LAUNCHER = Path(__file__).with_name("_launcher.py")
-# The native launcher's interpreter runs this: the launcher, compiled once by us (compiling
-# it would cost every launch milliseconds), and its spec, both from the descriptor named.
+RESIDENT = Path(__file__).with_name("_resident.py")  # shipped after it, to an executor only
+# The native launcher's interpreter runs this: the launcher (and for an executor, the
+# resident executor, which gets it as its global `launcher`), compiled once by us
+# (compiling them would cost every launch milliseconds), and the spec, from the descriptor
+# named; then the last one's main().
 BOOT = """import marshal, os, sys
 fd = int(sys.argv[1])
-code, spec = marshal.loads(os.pread(fd, os.fstat(fd).st_size, 0))
+codes, spec = marshal.loads(os.pread(fd, os.fstat(fd).st_size, 0))
 os.close(fd)
-launcher = {"__name__": "asyncsandbox._process._launcher"}
-exec(code, launcher)
-launcher["main"](spec)
+launcher = type(sys)("asyncsandbox._process._launcher")
+exec(codes[0], launcher.__dict__)
+if len(codes) > 1:
+    resident = type(sys)("asyncsandbox._process._resident")
+    resident.launcher = launcher
+    exec(codes[1], resident.__dict__)
+    launcher = resident
+launcher.main(spec)
 """
 SHM_SIZE = 64 << 20
 
@@ -430,7 +438,8 @@ class Native(Resident):
 
         fd = os.memfd_create("asyncsandbox-launch")  # close-on-exec, but where passed
         try:
-            data = memoryview(marshal.dumps((_launcher_code(), spec)))
+            codes = _launcher_codes() if serve is not None else _launcher_codes()[:1]
+            data = memoryview(marshal.dumps((codes, spec)))
             while data:
                 data = data[os.write(fd, data) :]
         except BaseException:
@@ -441,8 +450,10 @@ class Native(Resident):
 
 
 @functools.cache
-def _launcher_code() -> types.CodeType:
-    return compile(LAUNCHER.read_bytes(), str(LAUNCHER), "exec")
+def _launcher_codes() -> tuple[types.CodeType, types.CodeType]:
+    """The launcher's code and the resident executor's (see :data:`BOOT`)."""
+    launcher, resident = (compile(p.read_bytes(), str(p), "exec") for p in (LAUNCHER, RESIDENT))
+    return launcher, resident
 
 
 def _pipe_with(data: bytes) -> int:

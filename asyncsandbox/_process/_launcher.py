@@ -7,11 +7,9 @@ reads the compiled module and the spec (one dict) from ``FD`` and calls :func:`m
 the command's stdin, stdout and stderr as fd 0, 1, 2.
 
 With ``"serve"`` in the spec, init does not run one command: it stays, as the sandbox's
-resident executor, and runs the commands the backend sends over a control socket (see
-:func:`serve`); each command runs in PID and mount namespaces of its own (and so with its
-own ``/proc``) inside the sandbox's, under an init of its own, so that it never sees the
-executor nor other commands, is never PID 1, and dies whole with its init; an init whose
-namespace is empty again runs the sandbox's next command.
+resident executor (``_resident.py``, shipped after this file in that case, which starts
+through its own ``main`` and hands this one its ``serve``), and runs the commands the
+backend sends over a control socket.
 
 Like every mechanism of the backend, it speaks one protocol on stderr: whatever it writes
 there before :data:`STARTED` is its own (why the sandbox could not be set up, exit status
@@ -47,20 +45,22 @@ import _socket
 import ctypes
 import errno
 import fcntl
-import marshal
 import os
 import struct
 
 TYPE_CHECKING = False  # not typing's: importing typing would cost milliseconds per command
 if TYPE_CHECKING:
     import signal
+    from collections.abc import Callable
     from typing import Any, NoReturn
 
     Spec = dict[str, Any]
+    Serve = Callable[[Spec, int], NoReturn]
 else:
     import _signal as signal  # signal.py imports enum
 
 LIBC = ctypes.CDLL(None, use_errno=True)
+resource: Any = None  # imported by contained() (gVisor), for become()
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -194,22 +194,19 @@ def failed(exc: BaseException) -> NoReturn:
 # -- the launcher (host PID namespace) ---------------------------------------------------
 
 
-def main(spec: Spec) -> NoReturn:
+def main(spec: Spec, serve: Serve | None = None) -> NoReturn:
+    """Run ``spec``'s command; or, given the resident executor's ``serve`` (its ``main``
+    passes it), be the sandbox's executor."""
     try:
         if spec.get("gvisor"):
-            contained(spec)  # never returns
-        launcher(spec)
+            contained(spec, serve)  # never returns
+        launcher(spec, serve)
     except BaseException as exc:  # noqa: BLE001 - report, never a traceback on stderr
         failed(exc)
     os._exit(SETUP_FAILED)
 
 
-def launcher(spec: Spec) -> None:
-    if spec.get("serve") is not None:
-        # Imported now: after pivot_root the interpreter's library is out of reach.
-        global resource, select
-        import resource
-        import select
+def launcher(spec: Spec, serve: Serve | None) -> None:
     parent = os.getppid()
     for procs in spec["cgroups"]:  # before anything else: every process is accounted
         write_file(procs, str(os.getpid()))
@@ -237,7 +234,7 @@ def launcher(spec: Spec) -> None:
     check(LIBC.unshare(flags), "create the namespaces")
     pid = os.fork()
     if pid == 0:
-        init(spec)  # never returns
+        init(spec, serve)  # never returns
     for signum in FORWARDED:
         signal.signal(signum, lambda signum, frame: os.kill(pid, signum))
     _, status = os.waitpid(pid, 0)
@@ -250,15 +247,16 @@ def exit_code(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
-def contained(spec: Spec) -> NoReturn:
+def contained(spec: Spec, serve: Serve | None) -> NoReturn:
     """The resident executor in a gVisor sandbox (``_gvisor.py``): runsc has built the view,
     the namespaces and the network; we are the container's first process (PID 1), its root
     (with the capabilities to give each command a PID namespace and to become the sandbox's
     user in it), behind gVisor's kernel, and the control socket is our stdin."""
-    global resource, select
-    import resource
-    import select
+    global resource
+    import resource  # for the sandbox's nproc limit (see become)
 
+    if serve is None:
+        raise SetupError("the resident executor was not shipped")
     for signum in FORWARDED:
         signal.signal(signum, forward)
     control = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)  # 0 becomes /dev/null in serve()
@@ -268,7 +266,7 @@ def contained(spec: Spec) -> NoReturn:
 # -- init (PID 1) ------------------------------------------------------------------------
 
 
-def init(spec: Spec) -> NoReturn:
+def init(spec: Spec, serve: Serve | None) -> NoReturn:
     # Before anything can signal us: a signal to init is forwarded to the command (and
     # ignored while there is none), never raised here as KeyboardInterrupt.
     for signum in FORWARDED:
@@ -282,6 +280,8 @@ def init(spec: Spec) -> NoReturn:
         if spec["network"] == "none":
             loopback_up()
         if spec.get("serve") is not None:
+            if serve is None:
+                raise SetupError("the resident executor was not shipped")
             serve(spec, spec["serve"])  # never returns
         start(spec)
     except BaseException as exc:  # noqa: BLE001 - anything here means "not started"
@@ -552,8 +552,8 @@ def load_seccomp(bpf: bytes) -> None:
 def reap(*, usage: bool = False) -> tuple[int, float | None]:
     """Reap until the command exits; then kill what it left and return its status, and
     (``usage``) the CPU seconds of the command and of the children it waited for
-    (``wait4``, whose result needs the ``resource`` module: the executor imports it
-    before ``pivot_root``)."""
+    (``wait4``, whose result needs the ``resource`` module: the resident executor imports
+    it before ``pivot_root``)."""
     pid, code, cpu = COMMAND[0], None, None
     while code is None:
         try:
@@ -586,353 +586,3 @@ def forward(signum: int, frame: object) -> None:
             os.kill(COMMAND[0], signum)
         except ProcessLookupError:
             pass
-
-
-# -- the resident executor (serve mode) ----------------------------------------------------
-
-select: Any = None  # imported by the launcher in serve mode only
-resource: Any = None  # likewise (and by contained(), gVisor)
-
-
-KEEP_IDLE = 4  # command inits kept, idle, for the sandbox's next commands
-
-
-class CommandInit:
-    """The executor's handle on one command init: PID 1 of a PID namespace of its own,
-    which runs one command at a time and, once the namespace is empty again, the next one
-    it is handed."""
-
-    __slots__ = ("channel", "doomed", "pid", "request")
-
-    def __init__(self, pid: int, channel: Any, request: int) -> None:
-        self.pid = pid
-        self.channel = channel  # our end of its socket pair; None once closed
-        self.request: int | None = request  # the request it runs; None while idle
-        self.doomed = False  # killed (or being): never handed another command
-
-    @property
-    def idle(self) -> bool:
-        return self.request is None and not self.doomed and self.channel is not None
-
-    def kill(self) -> None:
-        self.doomed = True
-        try:
-            os.kill(self.pid, signal.SIGKILL)  # the whole command: its namespace dies
-        except ProcessLookupError:
-            pass
-
-
-def serve(spec: Spec, control_fd: int) -> NoReturn:
-    """Run commands sent by the backend until it goes away.
-
-    Requests (marshal, one per SOCK_SEQPACKET record): ``{"op": "run", "id", "argv",
-    "env", "cwd"}`` with the command's stdin, stdout and stderr attached (SCM_RIGHTS);
-    ``{"op": "kill", "id"}``; ``{"op": "reset", "id"}`` (see :func:`reset`: answered
-    ``{"id", "exit": 0}`` once done). Answers: ``{"id", "exit": status, "cpu": seconds}``
-    (``cpu``: what its init's ``wait4`` said, None if it never ran) once a command's
-    namespace is empty (its init says so on its channel, so the answer never waits for a
-    namespace to be torn down; an init that dies without saying it is answered for when it
-    is reaped), or ``{"id", "error": message}`` if it could not be handed to an init. A
-    command's own setup failures speak the stderr protocol (before :data:`STARTED`).
-
-    Each command runs under a command init (:func:`command_init`) of its own PID and mount
-    namespaces. An init whose command ended, and whose namespace is empty again, waits for
-    the next command (up to :data:`KEEP_IDLE` of them do): a command then costs a message to
-    it and a ``posix_spawn``, not a copy of this interpreter and a new namespace.
-    When the backend closes the socket (or dies), every command is killed and we exit.
-    """
-    prctl(PR_SET_DUMPABLE, 0, "make the executor undumpable")
-    control = _socket.socket(fileno=control_fd)
-    os.set_inheritable(control_fd, False)
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    for signum in FORWARDED:
-        signal.signal(signum, signal.SIG_IGN)
-    # Ready: the backend reads this marker; our own stdio is done with.
-    os.write(2, STARTED)
-    null = os.open("/dev/null", os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.close(null)
-    # Our own PID namespace: each command's namespace is made by unshare(), which then
-    # leaves pid_ns_for_children pointing at it; setns() back to ours before the next one
-    # (the kernel refuses a second unshare otherwise).
-    # (gVisor has no setns(), and needs none: there, unshare() always makes the new PID
-    # namespace a child of the caller's own.)
-    contained = bool(spec.get("gvisor"))
-    own_pid_ns = -1 if contained else os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-    inits: dict[int, CommandInit] = {}  # by pid, until reaped
-    channels: dict[int, CommandInit] = {}  # by the descriptor of their channel, while open
-    poller = select.poll()
-    poller.register(control_fd, select.POLLIN)
-    poller.register(wake_r, select.POLLIN)
-
-    def answer(message: dict[str, Any]) -> None:
-        try:
-            control.send(marshal.dumps(message))
-        except OSError:
-            shut_down()
-
-    def shut_down() -> NoReturn:
-        for init in inits.values():
-            init.kill()
-        os._exit(0)  # we are PID 1: every process of the sandbox dies with us
-
-    def close_channel(init: CommandInit) -> None:
-        if init.channel is not None:
-            fd = init.channel.fileno()
-            poller.unregister(fd)
-            del channels[fd]
-            init.channel.close()
-            init.channel = None
-
-    def ended(init: CommandInit, said: bytes) -> None:
-        if init.request is not None:
-            code, cpu = map(int, said.split())
-            answer({"id": init.request, "exit": code, "cpu": None if cpu < 0 else cpu / 1e6})
-            init.request = None
-        if init.idle and sum(i.idle for i in inits.values()) > KEEP_IDLE:
-            init.kill()
-
-    def run(request: dict[str, Any], fds: list[int]) -> None:
-        if len(fds) != 3:
-            raise SetupError(
-                f"a command needs stdin, stdout and stderr, got {len(fds)} descriptors"
-            )
-        for init in inits.values():
-            if init.idle:
-                try:
-                    send_fds(init.channel, marshal.dumps(request), fds)
-                except OSError:  # it died meanwhile: answered for once reaped
-                    init.kill()
-                    continue
-                init.request = request["id"]
-                return
-        if not contained:
-            check(LIBC.setns(own_pid_ns, CLONE_NEWPID), "return to the sandbox's PID namespace")
-        ours = (control_fd, wake_r, wake_w, *([] if contained else [own_pid_ns]), *channels)
-        pid, channel = fork_command(spec, request, fds, ours)
-        init = inits[pid] = CommandInit(pid, channel, request["id"])
-        channels[channel.fileno()] = init
-        poller.register(channel.fileno(), select.POLLIN)
-
-    while True:
-        try:
-            ready = poller.poll()
-        except InterruptedError:
-            continue
-        for fd, _ in ready:
-            if fd == wake_r:
-                try:
-                    while os.read(wake_r, 512):
-                        pass
-                except BlockingIOError:
-                    pass
-                while True:
-                    try:
-                        pid, status = os.waitpid(-1, os.WNOHANG)
-                    except ChildProcessError:
-                        break
-                    if pid == 0:
-                        break
-                    init = inits.pop(pid, None)
-                    if init is not None:
-                        close_channel(init)
-                        if init.request is not None:
-                            answer({"id": init.request, "exit": exit_code(status)})
-                continue
-            if fd != control_fd:
-                init = channels.get(fd)  # None: closed since poll() said it was ready
-                if init is not None:
-                    try:
-                        said = init.channel.recv(64, _socket.MSG_DONTWAIT)
-                    except BlockingIOError:  # a new channel that took a closed one's number
-                        continue
-                    except OSError:
-                        said = b""
-                    if said:
-                        ended(init, said)
-                    else:  # it died: answered for once reaped
-                        close_channel(init)
-                continue
-            try:
-                data, fds = recv_fds(control)
-            except OSError:
-                shut_down()
-            if not data:
-                shut_down()
-            request = marshal.loads(data)
-            if request["op"] == "kill":
-                for init in inits.values():
-                    if init.request == request["id"]:
-                        init.kill()
-                continue
-            if request["op"] == "reset":
-                for pid, init in list(inits.items()):
-                    init.kill()
-                    os.waitpid(pid, 0)  # it is PID 1 of its namespace: all in it died too
-                    del inits[pid]
-                    close_channel(init)
-                    if init.request is not None:
-                        answer({"id": init.request, "exit": 128 + signal.SIGKILL})
-                try:
-                    reset(spec)
-                except (OSError, SetupError) as exc:
-                    answer({"id": request["id"], "error": str(exc)})
-                else:
-                    answer({"id": request["id"], "exit": 0})
-                continue
-            try:
-                run(request, fds)
-            except (OSError, SetupError) as exc:
-                answer({"id": request["id"], "error": str(exc)})
-            finally:
-                for fd in fds:
-                    os.close(fd)
-
-
-def reset(spec: Spec) -> None:
-    """Give the sandbox's next commands what a fresh executor would (its commands are all
-    gone already): a new IPC namespace (System V objects and POSIX message queues of the
-    old one die with it), a new network namespace with its loopback up, as at the start,
-    where the sandbox has one of its own (what outlives a command there: its traffic
-    counters in ``/proc/net``, its TCP connections in TIME_WAIT; the old namespace dies
-    with the last of them), and an empty ``/dev/shm``. Its files are the backend's to
-    restore; nothing else of it can a command change (no capability, so no host name, no
-    route, no sysctl; no mount, no ``setns``, no keyring)."""
-    own_network = spec["network"] == "none"
-    flags = CLONE_NEWIPC | (CLONE_NEWNET if own_network else 0)
-    check(LIBC.unshare(flags), "create fresh IPC and network namespaces")
-    # gVisor's kernel makes a network namespace with its loopback up (and answers the
-    # interface ioctls there with ENOTTY: runsc 20221219).
-    if own_network and not spec.get("gvisor"):
-        loopback_up()
-    check(LIBC.umount2(b"/dev/shm", MNT_DETACH), "detach /dev/shm")
-    mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec['shm_size']}")
-
-
-def fork_command(
-    spec: Spec, request: dict[str, Any], fds: list[int], ours: tuple[int, ...]
-) -> tuple[int, Any]:
-    """Fork a command init, in a fresh PID namespace, to run this command first; return
-    its pid and our end of its channel."""
-    check(LIBC.unshare(CLONE_NEWPID), "create the command's PID namespace")
-    channel, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)  # close-on-exec
-    try:
-        pid = os.fork()
-    except BaseException:
-        channel.close()
-        theirs.close()
-        raise
-    if pid:
-        theirs.close()
-        return pid, channel
-    try:
-        signal.set_wakeup_fd(-1)
-        for fd in ours:
-            os.close(fd)
-        channel.close()
-        command_init(spec, request, fds, theirs)
-    except BaseException as exc:  # noqa: BLE001 - anything here means "not started"
-        failed(exc)
-
-
-def command_init(spec: Spec, request: dict[str, Any], fds: list[int], channel: Any) -> NoReturn:
-    """PID 1 of a command's namespaces, with its own ``/proc``: run the command, then,
-    once nothing of it is left, tell its status on ``channel`` and wait there for the next
-    (an end of file: exit)."""
-    install(fds)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for signum in FORWARDED:
-        signal.signal(signum, forward)
-    if spec.get("gvisor"):
-        # gVisor's mount namespaces are the sandbox's (unshare(CLONE_NEWNS) changes
-        # nothing there): the command sees the sandbox's /proc (gVisor's, holding only the
-        # sandbox's processes), and is kept from the executor by its uid instead.
-        become(spec)
-    else:
-        check(LIBC.unshare(CLONE_NEWNS), "create the command's mount namespace")
-        mount(None, "/", None, MS_REC | MS_PRIVATE)
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        remount("/proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-    shed(spec)
-    pristine = scheduling(), limits()
-    while True:
-        code, cpu = launch({**spec, **request}), None
-        if code is None:
-            code, cpu = reap(usage=True)  # the namespace holds no process but us now
-        for fd in (0, 1, 2):  # the command's pipes: at their end once we let go of them
-            os.dup2(null, fd)
-        if (scheduling(), limits()) != pristine:  # the command meddled with us (reniced us,
-            os._exit(code)  # lowered our limits): the next command would inherit it
-        try:  # its status, and its CPU time in microseconds (-1: it never ran)
-            channel.send(b"%d %d" % (code, -1 if cpu is None else round(cpu * 1e6)))
-            data, fds = recv_fds(channel)
-        except OSError:
-            os._exit(0)  # the executor is gone; so are we, in a moment
-        if not data:
-            os._exit(0)
-        request = marshal.loads(data)
-        install(fds)
-
-
-def scheduling() -> tuple[object, ...]:
-    """How the kernel schedules us: what a process of the same user may change for us
-    without any capability or access to our memory (niceness, policy, CPUs, I/O
-    priority, the rest of ``sched_attr``: a fair task's time slice, Linux 6.12+), and a
-    command would inherit from us."""
-    number = SYS_IOPRIO_GET.get(MACHINE)
-    io = None if number is None else LIBC.syscall(number, IOPRIO_WHO_PROCESS, 0)
-    number = SYS_SCHED_GETATTR.get(MACHINE)
-    attr = None
-    if number is not None:
-        buffer = ctypes.create_string_buffer(SCHED_ATTR_SIZE)
-        if LIBC.syscall(number, 0, buffer, SCHED_ATTR_SIZE, 0) == 0:
-            attr = buffer.raw
-    return (
-        os.getpriority(os.PRIO_PROCESS, 0),
-        os.sched_getscheduler(0),
-        os.sched_getaffinity(0),
-        io,
-        attr,
-    )
-
-
-def limits() -> tuple[tuple[int, int], ...]:
-    """Our resource limits, every one the kernel has: a process of the same user may lower
-    them (``prlimit``: no capability, nor access to our memory, needed), and a command
-    inherits them from us."""
-    return tuple(resource.getrlimit(number) for number in range(RLIM_NLIMITS))
-
-
-RLIM_NLIMITS = 16
-"""How many resource limits Linux has (numbered from 0, on every architecture)."""
-
-
-def send_fds(sock: Any, data: bytes, fds: list[int]) -> None:
-    """Send one message with descriptors (``socket.send_fds``, whose module costs every
-    executor milliseconds to import)."""
-    rights = struct.pack(f"{len(fds)}i", *fds)
-    sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
-
-
-def recv_fds(sock: Any) -> tuple[bytes, list[int]]:
-    """One message and the descriptors that came with it: three at most (any more are
-    never installed: the kernel drops what does not fit)."""
-    data, ancillary, _, _ = sock.recvmsg(1 << 20, _socket.CMSG_SPACE(3 * 4))
-    fds: list[int] = []
-    for level, kind, payload in ancillary:
-        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-            fds += struct.unpack(f"{len(payload) // 4}i", payload[: len(payload) // 4 * 4])
-    return data, fds
-
-
-def install(fds: list[int]) -> None:
-    """Make ``fds`` our stdin, stdout and stderr (the command's, once spawned)."""
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-    for fd in fds:
-        if fd > 2:
-            os.close(fd)

@@ -25,9 +25,9 @@ from asyncsandbox.abc import Backend, BackendCapabilities, SandboxHandle, Sandbo
 from asyncsandbox.log import get_logger
 
 from . import _tar
-from ._api_path import AGENT, ApiPath
+from ._api_path import ApiPath
 from ._engine import Engine
-from ._executor import Executor
+from ._executor import PROGRAM, Executor
 from ._fast_path import FastPath
 from ._sandbox import OWNED_MODE, Container, DockerAttributes, DockerSandbox, OomKills, Path, info
 from ._store import SNAPSHOT_LABEL, Store
@@ -317,7 +317,7 @@ class DockerBackend(Backend):
                 "-S",
                 "-u",
                 "-c",
-                AGENT,
+                PROGRAM,
                 "serve",
                 str(self.uid),
                 str(gid),

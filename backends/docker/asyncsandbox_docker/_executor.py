@@ -1,11 +1,12 @@
 """The fast path: commands through the sandbox's resident executor, not the daemon.
 
 An Engine API exec costs three daemon round trips (create, start, inspect) and saturates
-near 36/s on a 2-core machine whatever the concurrency. The executor (``_agent.py serve``)
-is the container's main process; the host attaches to its stdio before the container
-starts, and from then on a command is a frame on that open stream and a fork inside the
-container. Frames are described in ``_agent.py``; this module is the host side: one reader
-task per sandbox routes frames to the jobs waiting for them.
+near 36/s on a 2-core machine whatever the concurrency. The executor (:data:`PROGRAM`:
+``_agent_executor.py`` with the agent, ``_agent.py``) is the container's main process; the
+host attaches to its stdio before the container starts, and from then on a command is a
+frame on that open stream and a fork inside the container. Frames are described in
+``_agent_executor.py``; this module is the host side: one reader task per sandbox routes
+frames to the jobs waiting for them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import struct
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from importlib.resources import files
 from typing import Any, Self
 
 import anyio
@@ -32,6 +34,21 @@ from asyncsandbox.abc import ExitStatus, OutputCallback
 from asyncsandbox.log import get_logger
 
 from ._engine import Engine, Hijacked
+
+_SHIPPED = files(__package__)
+_AGENT = _SHIPPED.joinpath("_agent.py").read_text()
+_EXECUTOR = _SHIPPED.joinpath("_agent_executor.py").read_text()
+PROGRAM = f"""import sys, types
+agent = types.ModuleType("agent")
+exec(compile({_AGENT!r}, "asyncsandbox_docker/_agent.py", "exec"), agent.__dict__)
+executor = types.ModuleType("executor")
+executor.agent = agent
+exec(compile({_EXECUTOR!r}, "asyncsandbox_docker/_agent_executor.py", "exec"), executor.__dict__)
+executor.main(sys.argv[1:])
+"""
+"""The container's main process on the fast path, ``python3 -I -S -u -c PROGRAM serve ...``:
+the agent (the shepherd every command runs under) as the module ``agent``, then the
+executor (``_agent_executor.py``), which is given it."""
 
 FRAME = struct.Struct(">BII")
 START, STDIN, STDIN_EOF, KILL = 1, 2, 3, 4
