@@ -13,7 +13,7 @@
     the host disconnects (stdin EOF: the owner died), killing every command first.
 
 Never imported by the host: shipped with the agent as one ``python3 -c`` program (see
-``_fast_path.EXECUTOR``), in which the agent is the module ``agent`` (a global here).
+``_executor.PROGRAM``), in which the agent is the module ``agent`` (a global here).
 Standard library only, Python >= 3.6.
 """
 
