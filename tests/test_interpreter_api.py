@@ -68,3 +68,16 @@ def test_the_runner_fits_in_one_argument() -> None:
     from asyncsandbox._interpreter._engine import RUNNER
 
     assert len(RUNNER.encode()) < 32 * 4096
+
+
+async def test_the_runners_modules_are_not_the_codes(target: Target) -> None:
+    """The runner ships as modules (``common``, ``kernel``...) that are not in
+    ``sys.modules``: the code's own modules of those names are its own."""
+    async with sandbox(target) as sb:
+        await sb.write_file("kernel.py", "WHO = 'mine'\n")
+        execution = await sb.run_code(
+            "import sys, kernel\n"
+            "kernel.WHO, [n for n in ('common', 'charts', 'hooks', 'runner') if n in sys.modules]"
+        )
+        assert execution.error is None, execution.error
+        assert execution.text == "('mine', [])"
