@@ -108,3 +108,28 @@ async def test_late_background_output_never_lands_in_the_next_call(target: Targe
             "t = threading.Thread(target=print, args=('from a thread',)); t.start(); t.join()"
         )
         assert stdout(own) == "from a thread\n"
+
+
+async def test_many_short_writes_arrive_whole_and_in_order(target: Target) -> None:
+    """Thousands of prints, stdout and stderr one after the other: the runner sends what
+    one stream says in a row as one frame, never across a change of stream, so every
+    byte arrives, and the streams alternate exactly as the code wrote them."""
+    code = "import sys\nfor i in range(3000):\n    print(i)\n    print(-i, file=sys.stderr)\n"
+    events: list[tuple[str, str]] = []
+
+    async def on_stdout(message: OutputMessage) -> None:
+        events.append(("out", message.line))
+
+    async def on_stderr(message: OutputMessage) -> None:
+        events.append(("err", message.line))
+
+    async with sandbox(target) as sb:
+        execution = await sb.run_code(code, on_stdout=on_stdout, on_stderr=on_stderr)
+    assert execution.error is None, execution.error
+    assert "".join(line for kind, line in events if kind == "out") == "".join(
+        f"{i}\n" for i in range(3000)
+    )
+    assert "".join(line for kind, line in events if kind == "err") == "".join(
+        f"{-i}\n" for i in range(3000)
+    )
+    assert [kind for kind, _ in events] == ["out", "err"] * 3000

@@ -92,6 +92,7 @@ class Supervisor:
     def __init__(self) -> None:
         self.contexts: dict[str, Context] = {}
         self.outbox = bytearray()
+        self.pending: tuple[str, Any, bytearray] | None = None  # output (see output())
         self.inbox = common.Frames(common.MAX_CODE)
         self.holders: dict[int, Context] = {}
         self.wake_r, self.wake_w = os.pipe()
@@ -105,7 +106,15 @@ class Supervisor:
         os.set_blocking(1, False)
 
     def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
+        self.send_output()
         self.outbox += common.encode(header, payload)
+
+    def send_output(self) -> None:
+        """Send the output gathered since the last frame (see :meth:`output`)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            kind, call, data = pending
+            self.outbox += common.encode({"type": kind, "id": call}, bytes(data))
 
     # -- contexts --
 
@@ -208,8 +217,19 @@ class Supervisor:
                 self.output(ctx, name, data)
 
     def output(self, ctx: Context, name: str, data: bytes) -> None:
-        if ctx.call is not None:  # else: nobody's output (a call of its is not active)
-            self.send({"type": "stdout" if name == "out" else "stderr", "id": ctx.call}, data)
+        """Output of the context's call, gathered: what one stream of one call says in a
+        row, within one round of the loop, goes to the host as one frame (sent before any
+        other frame, and at the round's end). A flood of short writes, a frame per line
+        from the kernel, costs the host a frame per round, not per line; nothing waits."""
+        if ctx.call is None:
+            return  # nobody's output (a call of its is not active)
+        kind = "stdout" if name == "out" else "stderr"
+        pending = self.pending
+        if pending is not None and pending[0] == kind and pending[1] == ctx.call:
+            pending[2].extend(data)
+        else:
+            self.send_output()
+            self.pending = (kind, ctx.call, bytearray(data))
 
     # -- what the kernel says --
 
@@ -477,6 +497,7 @@ class Supervisor:
                     except OSError:  # the host is gone
                         self.host_open = False
                         self.outbox.clear()
+                        self.pending = None
                 elif ctx is None:
                     continue
                 elif name == "requests":
@@ -503,6 +524,7 @@ class Supervisor:
                             "the code did not stop on the interrupt: its interpreter was "
                             "killed and restarted; its state is lost",
                         )
+            self.send_output()  # the round's gathered output
         for each in self.contexts.values():
             self.kill_context(each)
         self.sweep()
@@ -514,6 +536,7 @@ class Supervisor:
         if not data:  # the host is gone: so is everything here
             self.host_open = False
             self.outbox.clear()
+            self.pending = None
             return
         for header, payload in self.inbox.feed(data):
             self.on_request(header, payload)
