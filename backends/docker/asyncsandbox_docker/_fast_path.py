@@ -91,7 +91,9 @@ class FastPath(Path):
             # (its timeout), and a cancelled diagnosis would let the cancellation pass
             # this failure off as a timeout, the command's own outcome.
             with anyio.CancelScope(shield=True):
-                died = await container.died(exc, stopping=self._executor.exited)
+                died = await container.died(
+                    exc, stopping=self._executor.exited, ooms_before=oom_before
+                )
             raise died from exc
         if status.signal == 9 and not oom:  # the executor could not read the cgroup
             oom = await container.ooms.since(container.name, oom_before)

@@ -214,11 +214,16 @@ class Container:
         if self.lost is not None:
             raise self.lost
 
-    async def died(self, error: SandboxError, *, stopping: bool = False) -> SandboxError:
+    async def died(
+        self, error: SandboxError, *, stopping: bool = False, ooms_before: int | None = None
+    ) -> SandboxError:
         """Turn "not running" into why: killed for memory, lifetime over, removed.
         ``stopping``: the executor exited, so the container stops; a container Docker
         still shows running (gVisor's sandbox, killed for memory, outlived the executor's
-        end under load) is waited for, at most ``timeouts.cleanup``."""
+        end under load) is waited for, at most ``timeouts.cleanup``. ``ooms_before``: this
+        container's OOM kills counted (:class:`OomKills`) before the failed call; a
+        container killed (137) with Docker's OOM event since is killed for memory even where
+        its ``OOMKilled`` flag is not set yet (the event and the exit come apart)."""
         if isinstance(error, SandboxNotFound):
             return SandboxDied(self.name, "removed")
         if isinstance(error, SandboxDied) and error.reason.startswith("lost"):
@@ -244,7 +249,11 @@ class Container:
             return error
         if state.get("Running"):
             return error  # the sandbox lives: the error was the connection's
-        if state.get("OOMKilled"):
+        if state.get("OOMKilled") or (
+            ooms_before is not None
+            and state.get("ExitCode") == 137
+            and await self.ooms.since(self.name, ooms_before)
+        ):
             return SandboxOOMKilled(self.name, "the container exceeded its memory limit")
         if time.time() >= self._expires - 1:
             return SandboxDied(self.name, "max lifetime exceeded")
