@@ -1,6 +1,6 @@
 """A matplotlib figure's data as E2B's chart (``e2b/chart``), for the results a kernel
 displays (:mod:`._kernel`). Shipped with the runner (see :data:`._engine.RUNNER`); it
-imports nothing of matplotlib's but what the figure in hand already loaded.
+imports matplotlib's modules only for a figure the code drew with matplotlib.
 """
 
 from __future__ import annotations
