@@ -118,7 +118,7 @@ def kill_process_sandbox_processes(sandbox_id: str) -> int:
         subdirectories.clear()
         try:
             pids = (path / "cgroup.procs").read_text().split()
-        except FileNotFoundError:
+        except OSError:  # gone, or going (ENODEV): the kills in another hierarchy ended it
             continue
         for pid in pids:
             try:
