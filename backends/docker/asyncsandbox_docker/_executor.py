@@ -33,14 +33,13 @@ from asyncsandbox import (
 from asyncsandbox.abc import ExitStatus, OutputCallback
 from asyncsandbox.log import get_logger
 
+from ._api_path import AGENT
 from ._engine import Engine, Hijacked
 
-_SHIPPED = files(__package__)
-_AGENT = _SHIPPED.joinpath("_agent.py").read_text()
-_EXECUTOR = _SHIPPED.joinpath("_agent_executor.py").read_text()
+_EXECUTOR = files(__package__).joinpath("_agent_executor.py").read_text()
 PROGRAM = f"""import sys, types
 agent = types.ModuleType("agent")
-exec(compile({_AGENT!r}, "asyncsandbox_docker/_agent.py", "exec"), agent.__dict__)
+exec(compile({AGENT!r}, "asyncsandbox_docker/_agent.py", "exec"), agent.__dict__)
 executor = types.ModuleType("executor")
 executor.agent = agent
 exec(compile({_EXECUTOR!r}, "asyncsandbox_docker/_agent_executor.py", "exec"), executor.__dict__)
