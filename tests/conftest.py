@@ -19,31 +19,54 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 # Modules whose tests drive real sandboxes (processes and namespaces, Docker, a server) on
 # both loops. The fake backend proves every semantic of the runtime on asyncio and trio in
-# the default run (tests/test_session_*.py, tests/test_conformance.py's fake backend); these
-# modules' trio runs repeat their asyncio runs on the same real components, so they are
-# part of the slow suite (`uv run pytest -m slow`, run once in CI) rather than the default.
-# By name, and every module whose name starts so (a module split by subject keeps its
-# family's name: test_remote_files.py is test_remote's).
-TRIO_RUNS_ARE_SLOW = (
+# the default run (tests/test_session_*.py, tests/test_conformance.py's fake backend), and
+# the conformance suite proves each real backend's own on both loops; so these modules'
+# other trio runs would repeat their asyncio runs on the same real components, through the
+# same anyio code: they are not run (issue 28: "where the fake backend proves a semantic on
+# asyncio and trio, real-backend tests need not run twice"). The trio runs kept are in the
+# slow suite (`uv run pytest -m slow`, run once in CI): the conformance suite's (each
+# backend's `test_conformance*`, wherever it is) and the code interpreter's, which the fake
+# backend cannot run (its interrupts and cancellations are the loop's). By module name, and
+# every module whose name starts so (a module split by subject keeps its family's name:
+# test_remote_files.py is test_remote's), or by module::class.
+REAL_TRIO_RUNS = (
     "test_conformance",  # but its fake backend's trio runs stay in the default run
     "test_e2b_backend",
     "test_gvisor",
+    "test_hostile_programs",
     "test_inspect",
     "test_interpreter",
     "test_judge_integrity",
+    "test_pydantic_ai::TestProcessBackend",  # pydantic-ai's suite (its error tests stay)
     "test_remote",
 )
+TRIO_RUNS_KEPT = ("test_conformance", "test_interpreter")  # as module or test names
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        if (
-            callspec is not None
-            and callspec.params.get("anyio_backend") == "trio"
-            and item.path.stem.startswith(TRIO_RUNS_ARE_SLOW)
-            and "fake" not in callspec.id.split("-")
-        ):
+def _real_trio_run(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    cls = getattr(item, "cls", None)
+    return (
+        callspec is not None
+        and callspec.params.get("anyio_backend") == "trio"
+        and f"{item.path.stem}::{cls.__name__ if cls else ''}".startswith(REAL_TRIO_RUNS)
+        and "fake" not in callspec.id.split("-")
+    )
+
+
+def _kept(item: pytest.Item) -> bool:
+    name = getattr(item, "originalname", item.name)
+    return item.path.stem.startswith(TRIO_RUNS_KEPT) or name.startswith(TRIO_RUNS_KEPT)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    real_trio = [item for item in items if _real_trio_run(item)]
+    repeated = {item for item in real_trio if not _kept(item)}
+    if repeated:
+        config.hook.pytest_deselected(items=[item for item in items if item in repeated])
+        items[:] = [item for item in items if item not in repeated]
+    for item in real_trio:
+        if item not in repeated:
             item.add_marker(pytest.mark.slow)
 
 
