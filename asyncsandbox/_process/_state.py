@@ -165,9 +165,23 @@ class Snapshots:
             gc_layers(self.root, live)
 
 
+# layers_work's answers in this process, by the filesystem (st_dev) and the layer owner.
+_LAYERS_WORK: dict[tuple[int, int], bool] = {}
+
+
 def layers_work(root: Path, ids: HostIds, owner: int) -> bool:
     """Whether this kernel mounts idmapped layers (owned by ``owner``) under an overlay, for
-    a sandbox of host ``ids``: tried under ``root``'s trash."""
+    a sandbox of host ``ids``: tried under ``root``'s trash, once per process and filesystem
+    (the answer is the kernel's and the filesystem's, not the root's: a backend per root,
+    as a test suite makes, would pay a user namespace, two mounts and a fork each)."""
+    key = (os.stat(root).st_dev, owner)
+    known = _LAYERS_WORK.get(key)
+    if known is None:
+        known = _LAYERS_WORK[key] = _try_layers(root, ids, owner)
+    return known
+
+
+def _try_layers(root: Path, ids: HostIds, owner: int) -> bool:
     with _trash.scratch(root, "probe") as scratch:
         layer = scratch / LAYERS / "layer"
         (layer / "work").mkdir(parents=True)
