@@ -116,8 +116,10 @@ class InteractiveSandbox(Protocol):
 FRAME = struct.Struct(">II")
 MAX_HEADER = 1 << 20
 MAX_PAYLOAD = 1 << 30
-INTERRUPT_GRACE = 2.0
-"""Seconds interrupted code has to stop before its kernel is killed and restarted."""
+INTERRUPT_GRACE = 5.0
+"""Seconds interrupted code has to stop before its kernel is killed and restarted (code
+that stops at the interrupt does so at once; on a loaded machine, a kernel may need
+seconds to be scheduled, and killing it loses its state)."""
 RUNNER_ANSWER = 5.0
 """Seconds past the grace by which the runner must have answered an interrupt, else it is
 taken for dead (a stopped or wedged supervisor) and killed."""
