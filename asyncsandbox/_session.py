@@ -17,6 +17,7 @@ import anyio
 import msgspec
 
 from . import _owner, _validate as check
+from ._commands import ExecArgs
 from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts, WarmPool
 from ._errors import InvalidArgument, SandboxClosed, SandboxError, SandboxNotFound
 from ._judge._engine import judge_fresh, judge_remotely
@@ -345,7 +346,11 @@ class Session:
 
         Cancellation: the command is killed and the sandbox removed.
         """
-        async with self.sandbox(**{"recyclable": True, **overrides}) as sandbox:
+        sandbox = self.sandbox(**{"recyclable": True, **overrides})
+        # The command's arguments are checked before the sandbox is made: bad input costs
+        # no sandbox (a Docker container, a pod) made and removed only to refuse it.
+        ExecArgs(sandbox.config, argv, cwd, env, stdin, timeout, check, max_output_bytes)
+        async with sandbox:
             return await sandbox.exec(
                 argv,
                 cwd=cwd,

@@ -46,6 +46,9 @@ async def test_bad_exec_arguments_are_refused_before_starting(
         with pytest.raises(InvalidArgument, match=message):
             await sb.exec(**args)
         assert sb.state == "new"
+        # session.run too: it would make a sandbox (a container, a pod) only to refuse.
+        with pytest.raises(InvalidArgument, match=message):
+            await s.run(**args)
         assert fake.world.created == 0
 
 
