@@ -300,6 +300,7 @@ async def _probe(p: FakeProcess) -> int:
         p.spawn(beat(posixpath.join(args[0], "child.hb")))
         p.spawn(beat(posixpath.join(args[0], "daemon.hb")))
         await p.write("stdout", b"ready\n")
+        p.write_file(posixpath.join(args[0], "ready"), b"")
         await anyio.sleep(3600)
     elif mode == "spawn-and-exit":
         p.spawn(beat(posixpath.join(args[0], "bg.hb")))

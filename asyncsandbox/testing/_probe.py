@@ -5,7 +5,8 @@ the same, precisely known behaviour. The FakeBackend emulates it.
 Modes: ``echo`` (stdin to stdout), ``env NAME``, ``pwd``, ``exit N``,
 ``emit STREAM NBYTES`` (16-byte lines holding their own offset), ``binary``,
 ``heartbeat FILE`` (append a byte every 20 ms), ``tree DIR`` (a child ignoring SIGTERM and a
-setsid'd double-forked daemon, both heartbeating into DIR, then sleep), ``spawn-and-exit DIR``
+setsid'd double-forked daemon, both heartbeating into DIR, then print ``ready``, mark it
+with the file DIR/ready, and sleep), ``spawn-and-exit DIR``
 (leave a daemon holding stdout open, heartbeating, and exit), ``sleep SECONDS``,
 ``cat FILE``, ``write FILE TEXT``, ``mode FILE`` (permission bits in octal).
 """
@@ -59,6 +60,7 @@ elif mode == "tree":
     daemon(os.path.join(args[0], "daemon.hb"))
     out.write(b"ready\n")
     out.flush()
+    open(os.path.join(args[0], "ready"), "wb").close()
     time.sleep(3600)
 elif mode == "spawn-and-exit":
     daemon(os.path.join(args[0], "bg.hb"))
