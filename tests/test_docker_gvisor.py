@@ -172,3 +172,16 @@ async def test_a_wedged_gvisor_container_ends_the_exec_within_the_cleanup_deadli
         if containers:
             with anyio.fail_after(60), anyio.CancelScope(shield=True):
                 await anyio.run_process(["docker", "rm", "-f", *containers], check=False)
+
+
+async def test_a_command_killed_as_it_starts_is_never_lost() -> None:
+    """A KILL that reaches the agent right behind its START (a command cancelled as it
+    starts) ends the command at once. The shepherd the agent forks holds SIGTERM blocked
+    until its own handler is in place: under gVisor its PID namespace's init ignored a
+    SIGTERM that came first, and the command ran on, its exec 'lost' (CI)."""
+    async with Session(backend(), sweep=False) as s, s.sandbox() as sb:
+        await sb.exec(["true"])
+        for attempt in range(60):
+            with anyio.move_on_after((attempt % 15) * 0.002):
+                await sb.exec(["sleep", "30"])
+        assert (await sb.exec(["echo", "alive"])).stdout == b"alive\n"

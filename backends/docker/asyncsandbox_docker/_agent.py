@@ -95,6 +95,9 @@ def own_pid_namespace() -> None:
         IN_PID_NAMESPACE[0] = True
         return
     signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(init, signal.SIGTERM))
+    # Our caller forked us with SIGTERM blocked: a SIGTERM sent meanwhile is forwarded now,
+    # and waits in the init (forked with it blocked too) until the init's handler is in place.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     while True:
         try:
             _, status = os.waitpid(init, 0)

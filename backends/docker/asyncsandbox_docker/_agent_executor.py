@@ -43,7 +43,7 @@ def shepherd(spec: "Dict[str, object]", uid: int, gid: int) -> None:
     how it ended, or that it could not be started (``launch_error``)."""
     os.closerange(4, 65536)
     if not agent.set_subreaper():
-        agent.own_pid_namespace()
+        agent.own_pid_namespace()  # SIGTERM still blocked: see Executor.start
     status: Dict[str, object] = {"returncode": 137, "signal": 9, "oom": False}
 
     def report() -> None:
@@ -55,6 +55,7 @@ def shepherd(spec: "Dict[str, object]", uid: int, gid: int) -> None:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a KILL already sent lands
     try:
         env = dict(os.environ)
         env.update(spec["env"])  # type: ignore[call-overload]
@@ -140,8 +141,15 @@ class Executor:
                         self.selector.register(fd, selectors.EVENT_READ, job_id)
 
     def start(self, job_id: int, spec: "Dict[str, object]") -> None:
-        """Fork the command's shepherd. Raises OSError (nothing left open) if it cannot."""
+        """Fork the command's shepherd. Raises OSError (nothing left open) if it cannot.
+
+        The shepherd is forked with SIGTERM (the host's KILL) blocked, and unblocks it once
+        its own handler is in place: until then it would run ours (the executor's exit),
+        and under gVisor the init of its PID namespace would ignore it (an init has no
+        default action), leaving the command to run on unkilled. A KILL sent meanwhile
+        waits, pending, and lands then."""
         opened: List[int] = []
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         try:
             out_r, out_w = os.pipe()
             opened += (out_r, out_w)
@@ -156,7 +164,10 @@ class Executor:
         except OSError:
             for leftover in opened:
                 os.close(leftover)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             raise
+        if pid != 0:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         if pid == 0:
             try:
                 os.dup2(os.open(os.devnull, os.O_RDONLY) if in_r is None else in_r, 0)
