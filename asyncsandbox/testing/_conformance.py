@@ -160,9 +160,12 @@ async def _started(sandbox: Sandbox, path: str, deadline: float = 60.0) -> None:
 
 
 async def _exists(sandbox: Sandbox, path: str) -> bool:
+    """Whether the file at ``path`` is there (any error but its absence is raised)."""
     try:
         await sandbox.read_file(path)
-    except SandboxFileError:
+    except SandboxFileError as exc:
+        if exc.reason != FileErrorReason.NOT_FOUND:
+            raise
         return False
     return True
 

@@ -166,8 +166,6 @@ class Executor:
                 os.close(leftover)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             raise
-        if pid != 0:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         if pid == 0:
             try:
                 os.dup2(os.open(os.devnull, os.O_RDONLY) if in_r is None else in_r, 0)
@@ -181,6 +179,7 @@ class Executor:
                     os.write(st_w, json.dumps(failure).encode())
             finally:
                 os._exit(agent.LAUNCH_FAILED)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         for fd in (out_w, err_w, st_w, in_r):
             if fd is not None:
                 os.close(fd)
