@@ -34,7 +34,7 @@ import time
 # so typing is never imported at run time).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, NoReturn, Optional, Tuple
+    from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 
 class suppress:
@@ -81,7 +81,8 @@ def own_pid_namespace() -> None:
     tree below us another way: a PID namespace of its own, whose init we become (orphans
     are reparented to it; SIGKILL to it ends them all). Needs CAP_SYS_ADMIN (the Docker
     backend adds it under gVisor only, where it is gVisor's kernel's, not the host's).
-    Our parent stays outside, forwards SIGTERM to us, and exits as we do."""
+    Our parent stays outside, forwards SIGTERM to us, and exits as we do. Called with
+    SIGTERM and SIGCHLD blocked (see :func:`wait_or_term`); the init inherits that."""
     try:
         import ctypes
 
@@ -94,17 +95,29 @@ def own_pid_namespace() -> None:
     if init == 0:
         IN_PID_NAMESPACE[0] = True
         return
-    signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(init, signal.SIGTERM))
-    # Our caller forked us with SIGTERM blocked: a SIGTERM sent meanwhile is forwarded now,
-    # and waits in the init (forked with it blocked too) until the init's handler is in place.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-    while True:
-        try:
-            _, status = os.waitpid(init, 0)
-            break
-        except InterruptedError:
-            continue
+    status, _ = wait_or_term(init, lambda: os.kill(init, signal.SIGTERM))
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
+WAITED = {signal.SIGTERM, signal.SIGCHLD}
+
+
+def wait_or_term(child: int, on_term: "Callable[[], object]") -> "Tuple[int, Any]":
+    """Wait until ``child`` ended, calling ``on_term`` at each SIGTERM meanwhile (if it
+    returns, the wait goes on); return ``os.wait4``'s status and resource usage.
+
+    The caller blocks ``WAITED`` first (signals then wait, pending, for ``sigwaitinfo``):
+    with a handler instead, a SIGTERM that came after the interpreter's last check for
+    signals and before a blocking wait's system call would run its handler only once the
+    wait ended; a KILL would wait for the command to end by itself (seen under gVisor,
+    whose system calls take long enough for it to happen in one command of a few hundred
+    cancelled as they start)."""
+    while True:
+        pid, status, usage = os.wait4(child, os.WNOHANG)
+        if pid:
+            return status, usage
+        if signal.sigwaitinfo(WAITED).si_signo == signal.SIGTERM:
+            on_term()
 
 
 class LaunchFailed(Exception):
@@ -277,13 +290,17 @@ def run(token: str, uid: int, gid: int, stdin_bytes: int, cwd: str, argv: "List[
     path: Optional[str] = None
     step = "create " + RUN_DIR
 
-    def on_term(signum: int, frame: object) -> None:
+    def on_term() -> "NoReturn":
         kill_tree()
         if path is not None:
             with suppress(OSError):
                 os.unlink(path)
         os._exit(137)
 
+    # Before the pid file (`kill TOKEN` may come once it is there) and before the stdin
+    # feeder starts (its thread inherits the mask): a SIGTERM waits, pending, for
+    # wait_or_term, which kills the tree once the command runs.
+    signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
     try:
         try:
             os.makedirs(RUN_DIR, 0o700)
@@ -294,7 +311,6 @@ def run(token: str, uid: int, gid: int, stdin_bytes: int, cwd: str, argv: "List[
         step = "write " + path
         with open(path, "w") as f:
             f.write(str(os.getpid()))
-        signal.signal(signal.SIGTERM, on_term)  # before the fork: `kill TOKEN` may come now
         set_subreaper()
         pipe: Optional[Tuple[int, int]] = None
         if stdin_bytes > 0:
@@ -321,7 +337,7 @@ def run(token: str, uid: int, gid: int, stdin_bytes: int, cwd: str, argv: "List[
         launch_failed(token, path, failure_record(step, exc))
     if pipe is not None:
         os.close(pipe[0])
-    _, status = os.waitpid(child, 0)
+    status, _ = wait_or_term(child, on_term)
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
     # The command owns what it started: nothing it left behind outlives it.
     kill_tree()
@@ -387,6 +403,7 @@ def exec_command(
         os.setsid()
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())  # ours blocks WAITED (wait_or_term)
         if uid >= 0 and os.getuid() == 0:
             step = "switch to uid " + str(uid)
             os.setgroups([])

@@ -40,22 +40,22 @@ OUT_HIGH = 8 << 20  # stop reading commands' output while this much waits for th
 
 def shepherd(spec: "Dict[str, object]", uid: int, gid: int) -> None:
     """In a forked child of the executor, fds 0-3 set: run one command and report on fd 3
-    how it ended, or that it could not be started (``launch_error``)."""
+    how it ended, or that it could not be started (``launch_error``). SIGTERM (the host's
+    KILL) and SIGCHLD stay blocked from the fork on (see Executor.start): a KILL waits,
+    pending, for ``agent.wait_or_term``, even one sent before the command started."""
     os.closerange(4, 65536)
     if not agent.set_subreaper():
-        agent.own_pid_namespace()  # SIGTERM still blocked: see Executor.start
+        agent.own_pid_namespace()
     status: Dict[str, object] = {"returncode": 137, "signal": 9, "oom": False}
 
     def report() -> None:
         os.write(3, json.dumps(status).encode())
 
-    def on_term(signum: int, frame: object) -> None:
+    def on_term() -> None:
         agent.kill_tree()
         report()
         os._exit(0)
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a KILL already sent lands
     try:
         env = dict(os.environ)
         env.update(spec["env"])  # type: ignore[call-overload]
@@ -74,7 +74,7 @@ def shepherd(spec: "Dict[str, object]", uid: int, gid: int) -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    _, code, usage = os.wait4(child, 0)
+    code, usage = agent.wait_or_term(child, on_term)
     killed_by = os.WTERMSIG(code) if os.WIFSIGNALED(code) else None
     agent.kill_tree()
     status = {
@@ -143,13 +143,11 @@ class Executor:
     def start(self, job_id: int, spec: "Dict[str, object]") -> None:
         """Fork the command's shepherd. Raises OSError (nothing left open) if it cannot.
 
-        The shepherd is forked with SIGTERM (the host's KILL) blocked, and unblocks it once
-        its own handler is in place: until then it would run ours (the executor's exit),
-        and under gVisor the init of its PID namespace would ignore it (an init has no
-        default action), leaving the command to run on unkilled. A KILL sent meanwhile
-        waits, pending, and lands then."""
+        The shepherd is forked with SIGTERM (the host's KILL) and SIGCHLD blocked, and
+        keeps them blocked (``agent.wait_or_term``): until it waits, it would run our
+        handler (the executor's exit); a KILL sent meanwhile waits, pending."""
         opened: List[int] = []
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        signal.pthread_sigmask(signal.SIG_BLOCK, agent.WAITED)
         try:
             out_r, out_w = os.pipe()
             opened += (out_r, out_w)
@@ -164,7 +162,7 @@ class Executor:
         except OSError:
             for leftover in opened:
                 os.close(leftover)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, agent.WAITED)
             raise
         if pid == 0:
             try:
@@ -179,7 +177,7 @@ class Executor:
                     os.write(st_w, json.dumps(failure).encode())
             finally:
                 os._exit(agent.LAUNCH_FAILED)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, agent.WAITED)
         for fd in (out_w, err_w, st_w, in_r):
             if fd is not None:
                 os.close(fd)
