@@ -176,9 +176,10 @@ async def test_a_wedged_gvisor_container_ends_the_exec_within_the_cleanup_deadli
 
 async def test_a_command_killed_as_it_starts_is_never_lost() -> None:
     """A KILL that reaches the agent right behind its START (a command cancelled as it
-    starts) ends the command at once. The shepherd the agent forks holds SIGTERM blocked
-    until its own handler is in place: under gVisor its PID namespace's init ignored a
-    SIGTERM that came first, and the command ran on, its exec 'lost' (CI)."""
+    starts) ends the command at once. The shepherd keeps SIGTERM blocked and waits for it
+    with sigwaitinfo: run by a handler, a kill that came before the handler was installed,
+    or just before the shepherd's blocking wait, was acted on only once the command ended
+    by itself; the command ran on, its exec 'lost' (CI; failed 7 of ~64 runs under load)."""
     async with Session(backend(), sweep=False) as s, s.sandbox() as sb:
         await sb.exec(["true"])
         for attempt in range(60):
