@@ -65,6 +65,27 @@ async def test_conformance(check: Check, fast_path: bool) -> None:
     await check.run(lambda: docker_backend(fast_path=fast_path), launch_failure=squeeze_pids)
 
 
+LOOPBACK = """
+import socket
+server = socket.create_server(("localhost", 0))
+socket.create_connection(server.getsockname()).sendall(b"through loopback")
+print(socket.gethostbyname("localhost"), server.accept()[0].recv(64).decode())
+"""
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"fast_path": False}, {"recyclable": True}],
+    ids=["executor", "engine-api", "recyclable"],
+)
+async def test_localhost_resolves_and_its_loopback_answers(options: dict[str, bool]) -> None:
+    """As under Docker's network "none", whether Docker set the container's network up
+    (its hosts file) or the executor did (networking disabled: no network hook)."""
+    async with Session(docker_backend(**options)) as session, session.sandbox() as sandbox:
+        result = await sandbox.exec(["python3", "-c", LOOPBACK], check=True)
+    assert result.stdout == b"127.0.0.1 through loopback\n"
+
+
 async def test_commands_cannot_touch_the_executor() -> None:
     """The trust model of the fast path: a command (the sandbox user) can neither signal the
     executor nor reach its file descriptors, so it cannot forge another command's result."""

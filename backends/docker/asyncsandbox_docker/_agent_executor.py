@@ -336,11 +336,28 @@ def prepare(directory: str, uid: int, gid: int) -> None:
         os.chown(directory, uid, gid)
 
 
+# What Docker writes for a container without networking (its hosts file then stays empty).
+HOSTS = b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+
+
+def name_localhost() -> None:
+    """Give an empty /etc/hosts (a container created with networking disabled: see the
+    backend's create) the loopback names, so that ``localhost`` resolves as it does under
+    Docker's own network "none"."""
+    try:
+        with open("/etc/hosts", "r+b") as hosts:
+            if not hosts.read(1):
+                hosts.write(HOSTS)
+    except OSError:
+        pass  # no hosts file, or a read-only one: the image's as it is
+
+
 def serve(uid: int, gid: int, workdir: str, home: str, lifetime: float) -> None:
     agent.prctl(agent.PR_SET_DUMPABLE, 0)  # not even root commands may open our /proc/<pid>/fd
     agent.set_subreaper()
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))  # `docker stop`
+    name_localhost()
     for directory in (workdir, home):
         prepare(directory, uid, gid)
     executor = Executor(uid, gid)
