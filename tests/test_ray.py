@@ -357,6 +357,8 @@ async def test_a_raylet_killed_is_sandbox_died(ray_cluster: LocalCluster, reaped
     async with victim, other:
         running, *idle = [await victim.sandbox().start() for _ in range(4)]
         node_id = running.extra(RayAttributes.node_id)
+        agent = (await _where(running))["pid"]
+        agent_process = {agent: _identity(agent)}
         survivor = await other.sandbox().start()
         for sb in idle:
             await sb.write_file("f", b"before")
@@ -383,6 +385,11 @@ async def test_a_raylet_killed_is_sandbox_died(ray_cluster: LocalCluster, reaped
                 await eventually_async(lambda: outcome, within=60, what="the exec's end")
         assert isinstance(outcome[0], SandboxDied), repr(outcome[0])
         assert (await survivor.exec(["echo", "alive"])).stdout == b"alive\n"
+    # The agent may still be removing its sandboxes and its root: a wipe beside it raced it
+    # (CI: the root's .trash gone between the wipe's mkdir and its check).
+    await eventually_async(
+        lambda: not _left(agent_process), within=AGENT_EXIT_BOUND, what="the agent's end"
+    )
     await _wipe_node(node_id)  # what the agent had no time to remove (Ray's exit came first)
 
 
