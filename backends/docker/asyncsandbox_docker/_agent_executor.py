@@ -336,20 +336,18 @@ def prepare(directory: str, uid: int, gid: int) -> None:
         os.chown(directory, uid, gid)
 
 
-# What Docker writes for a container without networking (its hosts file then stays empty).
+# The loopback lines of the hosts file Docker writes under its network "none" (with
+# networking disabled, it writes none: the file stays empty).
 HOSTS = b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 
 
 def name_localhost() -> None:
     """Give an empty /etc/hosts (a container created with networking disabled: see the
     backend's create) the loopback names, so that ``localhost`` resolves as it does under
-    Docker's own network "none"."""
-    try:
-        with open("/etc/hosts", "r+b") as hosts:
-            if not hosts.read(1):
-                hosts.write(HOSTS)
-    except OSError:
-        pass  # no hosts file, or a read-only one: the image's as it is
+    Docker's own network "none". No hosts file, or a read-only one: left as it is."""
+    with agent.suppress(OSError), open("/etc/hosts", "r+b") as hosts:
+        if not hosts.read(1):
+            hosts.write(HOSTS)
 
 
 def serve(uid: int, gid: int, workdir: str, home: str, lifetime: float) -> None:
