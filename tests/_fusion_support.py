@@ -50,15 +50,15 @@ FAIL = {
     "nodejs": "console.log('before');\nthrow new Error('boom');\n",
     "perl": 'print "before\\n"; die "boom\\n";\n',
 }
-FOREVER = {
-    "python": "print('start', flush=True)\nwhile True:\n    pass\n",
-    "bash": "echo start\nwhile true; do :; done\n",
+FOREVER = {  # each prints a line, then waits for ever without spending CPU
+    "python": "import time\nprint('start', flush=True)\nwhile True:\n    time.sleep(60)\n",
+    "bash": "echo start\nwhile true; do sleep 60; done\n",
     "cpp": (
-        '#include <cstdio>\nint main() { puts("start"); fflush(stdout); '
-        "volatile unsigned long i = 0; for (;;) i++; }\n"
+        "#include <cstdio>\n#include <unistd.h>\n"
+        'int main() { puts("start"); fflush(stdout); for (;;) pause(); }\n'
     ),
-    "nodejs": "console.log('start');\nfor (;;) {}\n",
-    "perl": '$| = 1; print "start\\n"; 1 while 1;\n',
+    "nodejs": "console.log('start');\nsetInterval(() => {}, 60000);\n",
+    "perl": '$| = 1; print "start\\n"; sleep 60 while 1;\n',
 }
 
 
