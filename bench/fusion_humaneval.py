@@ -1,5 +1,6 @@
-"""HumanEval scored three ways in one run: our Session API, our SandboxFusion endpoint
-through the real ``sandbox-fusion`` client, and plain ``subprocess`` with no isolation.
+"""HumanEval scored four ways in one run: our Session API (a command, and the judge), our
+SandboxFusion endpoint through the real ``sandbox-fusion`` client, and plain
+``subprocess`` with no isolation.
 
 Each problem's program is what verl-style code rewards send: the prompt, a solution, the
 problem's own test and ``check(entry_point)``; it passes when it exits 0. The canonical
@@ -8,18 +9,22 @@ raises, so that a system that answers "pass" to everything shows up as disagreem
 
 - ``session``: ``Session.run(["python3", "-c", program])``: a fresh process sandbox per
   program, as each request of the endpoint gets, ``--concurrency`` at once.
+- ``judge``: ``Session.judge`` of the program as one test case with no expected output
+  (its exit status decides), in a fresh process sandbox each: the judge's runner, what
+  each ``/run_code`` request runs (a program's answer is only what it wrote before its
+  main process ended), without the HTTP hop.
 - ``fusion``: ``sandbox_fusion.run_code(RunCodeRequest(...))`` from a thread pool of
   ``--concurrency`` workers (verl's pattern) against ``asyncsandbox serve`` on loopback
   (process backend), the key in the URL.
 - ``subprocess``: ``python3 -c program`` on the host, ``--concurrency`` at once (what
   many RL repositories do; no isolation at all). The baseline of the ratios.
 
-    uv run python -m bench.fusion_humaneval          # 164 problems x 3 rounds x 3 systems
+    uv run python -m bench.fusion_humaneval          # 164 problems x 3 rounds x 4 systems
     uv run python -m bench.fusion_humaneval --limit 40 --out -
 
 The systems take turns: each round runs the batch through ``subprocess``, then
-``session``, then ``fusion``, so that load from elsewhere on a shared machine falls on
-all three alike; each round's rates and the load average before and after it are kept.
+``session``, ``judge`` and ``fusion``, so that load from elsewhere on a shared machine
+falls on all alike; each round's rates and the load average before and after it are kept.
 
 Where this process may make a cgroup of its own in a cgroup v1 ``cpuacct`` hierarchy of
 its own (root, and the process backend's cgroups are in the other hierarchies: memory,
@@ -61,6 +66,7 @@ from sandbox_fusion import (
 )
 
 from asyncsandbox import Limits, Session
+from asyncsandbox.judge import Program as JudgedProgram, TestCase, Verdict
 from bench.remote_load import LocalServer, default_root, machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -202,6 +208,24 @@ async def measure_session(
         return await _measure_async("session", programs, concurrency, judge, meter)
 
 
+async def measure_judge(
+    programs: list[Program], concurrency: int, root: Path, meter: CpuMeter
+) -> Measured:
+    async with Session(
+        backend_options={"root": str(root)}, limits=Limits(max_live=concurrency)
+    ) as session:
+        case = [TestCase()]  # no expected output: the exit status decides
+
+        async def judge(program: Program) -> bool:
+            judged = JudgedProgram(source=program.source, language="python")
+            result = await session.judge(judged, case, time_limit=TIMEOUT)
+            if result.verdict == Verdict.INFRASTRUCTURE_ERROR:
+                raise RuntimeError(result.error)
+            return result.verdict == Verdict.ACCEPTED
+
+        return await _measure_async("judge", programs, concurrency, judge, meter)
+
+
 def measure_fusion(
     programs: list[Program], concurrency: int, url: str, meter: CpuMeter
 ) -> Measured:
@@ -302,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     meter = CpuMeter()  # first: the server and the sandboxes start in its cgroup
     server = LocalServer(root / "served", key, "--max-live-per-tenant", str(args.concurrency * 2))
     url = _with_key(server.url, key)
-    base, ours, fusion = Measured("subprocess"), Measured("session"), Measured("fusion")
+    base, ours, judged = Measured("subprocess"), Measured("session"), Measured("judge")
+    fusion = Measured("fusion")
     rounds = []
     size = len(programs) // args.repeat
     try:
@@ -312,9 +337,10 @@ def main(argv: list[str] | None = None) -> int:
             measured = (
                 anyio.run(measure_subprocess, batch, args.concurrency, meter),
                 anyio.run(measure_session, batch, args.concurrency, root / "session", meter),
+                anyio.run(measure_judge, batch, args.concurrency, root / "judge", meter),
                 measure_fusion(batch, args.concurrency, url, meter),
             )
-            for total, one in zip((base, ours, fusion), measured, strict=True):
+            for total, one in zip((base, ours, judged, fusion), measured, strict=True):
                 total.add(one)
             rounds.append(
                 {
@@ -328,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
         meter.close()
 
-    systems = [base, ours, fusion]
+    systems = [base, ours, judged, fusion]
     expected = {p.task_id: p.expected for p in programs}
     report = {
         "benchmark": "fusion_humaneval",
