@@ -20,21 +20,17 @@ from asyncsandbox import ExecTimeout, Execution, OutputMessage, Resources, Sandb
 
 from . import _interpreter_support as interpreter
 from ._interpreter_support import IS_ROOT, Target, marker, sandbox, stdout
-from ._support import eventually_async, processes_with
+from ._support import eventually_async, processes_with, until_printed
 
 # The interpreter family's fixtures (tests/_interpreter_support.py), this module's by name.
 remote_server = interpreter.remote_server
 target = interpreter.target
 
-LOADED = (1, 2, 4, 8, 16)
-"""Timeouts, in turn, for code that must print before its timeout: while it had not (a
-loaded machine can take seconds to run a line), the test runs it again with the next."""
-
 
 async def test_a_timeout_interrupts_and_the_state_stays(target: Target) -> None:
     async with sandbox(target) as sb:
         await sb.run_code("kept = 'yes'")
-        for timeout in LOADED:  # the state stays through each interrupt
+        for timeout in until_printed(1):  # the state stays through each interrupt
             with pytest.raises(ExecTimeout) as raised:
                 await sb.run_code(
                     "import time\nprint('started', flush=True)\ntime.sleep(600)",
@@ -80,7 +76,7 @@ async def test_code_that_ignores_the_interrupt_is_killed_with_all_it_started(
                 pass
         """
     )
-    for timeout in LOADED[1:]:  # each attempt in a fresh sandbox
+    for timeout in until_printed(2):  # each attempt in a fresh sandbox
         async with sandbox(target) as sb:
             await sb.run_code("lost = 1")
             started = anyio.current_time()
@@ -89,7 +85,7 @@ async def test_code_that_ignores_the_interrupt_is_killed_with_all_it_started(
             if raised.value.result.stdout:
                 await _ignored_and_killed(sb, raised.value, started, mark)
                 return
-    pytest.fail(f"the code never printed within its timeout ({LOADED[-1]} s at the last)")
+    pytest.fail("the code never printed within its timeout, the longest included")
 
 
 async def _ignored_and_killed(sb: Sandbox, raised: ExecTimeout, started: float, mark: str) -> None:

@@ -50,7 +50,7 @@ from asyncsandbox.sync import (
 )
 from asyncsandbox.testing import FakeBackend, FakeProcess, probe
 
-from ._support import eventually, processes_with, sandbox_dirs, unique_marker
+from ._support import eventually, processes_with, sandbox_dirs, unique_marker, until_printed
 
 
 def process_session(root: Path, **kwargs: Any) -> SyncSession:
@@ -296,9 +296,7 @@ def test_exec_timeout_raises_exec_timeout_with_partial_output(process_root: Path
     with process_session(process_root) as session:
         sb = session.sandbox()
         sb.exec(["true"]).result()  # started: the timeout below is all the command's
-        # On a busy machine (CI runs several suites at once) a command may take seconds to
-        # print its first line: while it had not, it runs again with twice the time.
-        for timeout in (2, 4, 8, 16):
+        for timeout in until_printed(2):
             handle = sb.exec(["sh", "-c", "echo partial; sleep 600"], timeout=timeout)
             with pytest.raises(ExecTimeout) as caught:
                 handle.result(timeout=60)

@@ -71,6 +71,7 @@ from ._waiting import (
     POLL_INTERVAL as POLL_INTERVAL,
     eventually as eventually,
     eventually_async as eventually_async,
+    until_printed as until_printed,
     watch as watch,
 )
 
@@ -79,6 +80,7 @@ __all__ = (
     "POLL_INTERVAL",
     "eventually",
     "eventually_async",
+    "until_printed",
     "watch",
     # the host's processes
     "unique_marker",

@@ -1,13 +1,14 @@
 """Waiting for a condition: a test never sleeps to let another task or process get
 somewhere. It waits for an event, for ``anyio.wait_all_tasks_blocked()``, or for a condition
 it can observe, polled under a deadline with :func:`eventually` (blocking callers) or
-:func:`eventually_async`; :func:`watch` samples what it cannot be told about."""
+:func:`eventually_async`; :func:`watch` samples what it cannot be told about. A test whose
+code must print before its timeout takes its timeouts from :func:`until_printed`."""
 
 from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import anyio
 
@@ -52,3 +53,15 @@ async def watch(look: Callable[[], object], *, every: float = POLL_INTERVAL) -> 
     while True:
         look()
         await anyio.sleep(every)
+
+
+def until_printed(first: float, *, last: float = 32.0) -> Iterator[float]:
+    """Timeouts for code that must print before its timeout: ``first``, then twice the one
+    before, up to ``last``. A loaded machine can take seconds to run a program's first line
+    (CI: node over 3 s), so a test runs the code again with the next while a run ended
+    before anything was printed, and breaks out once it printed; what it then checks is
+    the same at any timeout."""
+    timeout = first
+    while timeout <= last:
+        yield timeout
+        timeout *= 2
