@@ -12,8 +12,9 @@
   (``SIGKILL``), which is what the SDKs send (``kill()``); a process killed so ends with
   ``signal: killed``, exit code -1, as envd reports it.
 * **stdin** (``stdin=True``): the command reads a FIFO in the sandbox that a holder
-  process keeps open for writing; each ``SendInput`` writes to it with one command, in
-  order; ``CloseStdin`` ends the holder, so the command reads end of file. Without
+  process keeps open for writing (from before the command starts: a ``SendInput``'s
+  writer alone would give the command end of file after it); each ``SendInput`` writes
+  to it with one command, in order; ``CloseStdin`` ends the holder, so the command reads end of file. Without
   ``stdin=True`` a command's stdin is empty (``/dev/null``).
 * **PTY sessions** (``pty``): the command runs on a pseudo-terminal of ``_pty.py``'s in
   the sandbox, whose input is such a FIFO and whose output is the session's ``pty`` data;
@@ -224,8 +225,10 @@ class Processes:
         await proc.publish(_event("start", process_pb.ProcessEvent.StartEvent(pid=pid)))
         tg = self._task_group()
         if proc.fifo is not None:
+            # Held before anything can write to it: a writer alone would give the
+            # command its input and then end of file.
             proc.holder = anyio.CancelScope()
-            tg.start_soon(self._hold, proc.fifo, proc.holder)
+            await tg.start(self._hold, proc.fifo, proc.holder)
         await tg.start(self._run, proc, argv)
         return proc, events
 
@@ -238,13 +241,30 @@ class Processes:
             detail = result.stderr_text.strip()[:300]
             raise ConnectError(Code.INTERNAL, f"{argv[0]} failed in the sandbox: {detail}")
 
-    async def _hold(self, fifo: str, scope: anyio.CancelScope) -> None:
-        """Keep the FIFO open for writing until ``scope`` is cancelled (end of input)."""
+    async def _hold(
+        self,
+        fifo: str,
+        scope: anyio.CancelScope,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Keep the FIFO open for writing until ``scope`` is cancelled (end of input);
+        started once it is open. (Opened for reading too, which on Linux does not wait
+        for the command to open it.)"""
+        hold = 'exec 3<>"$0"; echo; exec sleep 2147483647'
+        started = False
         with scope:
             try:
-                await self._sandbox.exec(("sh", "-c", 'exec 3>"$0"; exec sleep 2147483647', fifo))
+                async with self._sandbox.exec_stream(("sh", "-c", hold, fifo)) as stream:
+                    async for _ in stream:
+                        break
+                    task_status.started()
+                    started = True
+                    await stream.wait()
             except SandboxError as exc:
                 log.debug("remote.e2b.stdin_holder_failed", error=str(exc))
+        if not started:  # (then the command's input may end early; it is told nothing)
+            task_status.started()
 
     async def _run(
         self,
