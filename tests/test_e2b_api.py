@@ -14,6 +14,7 @@ import anyio
 import httpx
 import pytest
 from asyncsandbox_remote._e2b._fs import Entry
+from asyncsandbox_remote._e2b._processes import Processes
 from asyncsandbox_remote._e2b._watch import EventType, Watchers
 from e2b import (
     AsyncSandbox,
@@ -27,7 +28,10 @@ from e2b import (
     SandboxQuery,
     TimeoutException,
 )
+from e2b.envd.process import process_pb
 from e2b.sandbox.commands.command_handle import PtySize
+
+from asyncsandbox import Session
 
 from ._support import ALICE, BOB, Server, eventually
 
@@ -399,6 +403,47 @@ def test_file_metadata_is_kept_as_envd_keeps_it(sandbox: Sandbox) -> None:
         )
     finally:
         handle.stop()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the server's loop
+async def test_a_commands_stdin_is_held_before_its_first_input(
+    process_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The FIFO a command with stdin reads is held open for writing before the command
+    starts, so the writer of its first input is never its only one (whose close would give
+    it end of file: on the landing machine's CI a PTY session read end of file after its
+    first input, lost the rest and ran to its timeout). Here the holder is made to come
+    after the first input, or after a second when it is awaited."""
+    written = anyio.Event()
+    hold = Processes._hold
+
+    async def late(self: Processes, *args: object, **kwargs: object) -> None:
+        with anyio.move_on_after(1):
+            await written.wait()
+        await hold(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Processes, "_hold", late)
+    async with (
+        Session("process", backend_options={"root": str(process_root)}) as session,
+        session.sandbox() as sandbox,
+        anyio.create_task_group() as tg,
+    ):
+        processes = Processes(sandbox, lambda: tg)
+        config = process_pb.ProcessConfig(cmd="head", args=["-n", "2"])
+        proc, events = await processes.start(config, None, stdin=True)
+        await processes.send_input(proc, b"first\n")
+        written.set()
+        await processes.send_input(proc, b"second\n")
+        output, ends = b"", []
+        async with events:
+            async for event in events:
+                value = None if event.event is None else event.event.value
+                if isinstance(value, process_pb.ProcessEvent.DataEvent) and value.output:
+                    output += value.output.value
+                elif isinstance(value, process_pb.ProcessEvent.EndEvent):
+                    ends.append(value.exit_code)
+    assert output == b"first\nsecond\n"
+    assert ends == [0]
 
 
 def test_pty_sessions(sandbox: Sandbox) -> None:
