@@ -14,8 +14,8 @@
 * **stdin** (``stdin=True``): the command reads a FIFO in the sandbox that a holder
   process keeps open for writing (from before the command starts: a ``SendInput``'s
   writer alone would give the command end of file after it); each ``SendInput`` writes
-  to it with one command, in order; ``CloseStdin`` ends the holder, so the command reads end of file. Without
-  ``stdin=True`` a command's stdin is empty (``/dev/null``).
+  to it with one command, in order; ``CloseStdin`` ends the holder, so the command reads
+  end of file. Without ``stdin=True`` a command's stdin is empty (``/dev/null``).
 * **PTY sessions** (``pty``): the command runs on a pseudo-terminal of ``_pty.py``'s in
   the sandbox, whose input is such a FIFO and whose output is the session's ``pty`` data;
   ``Update`` writes the new size to a second FIFO the relay reads.
