@@ -5,8 +5,8 @@ the same, precisely known behaviour. The FakeBackend emulates it.
 Modes: ``echo`` (stdin to stdout), ``env NAME``, ``pwd``, ``exit N``,
 ``emit STREAM NBYTES`` (16-byte lines holding their own offset), ``binary``,
 ``heartbeat FILE`` (append a byte every 20 ms), ``tree DIR`` (a child ignoring SIGTERM and a
-setsid'd double-forked daemon, both heartbeating into DIR, then print ``ready``, mark it
-with the file DIR/ready, and sleep), ``spawn-and-exit DIR``
+setsid'd double-forked daemon, both heartbeating into DIR; once both have beaten, print
+``ready``, mark it with the file DIR/ready, and sleep), ``spawn-and-exit DIR``
 (leave a daemon holding stdout open, heartbeating, and exit), ``sleep SECONDS``,
 ``cat FILE``, ``write FILE TEXT``, ``mode FILE`` (permission bits in octal).
 """
@@ -54,10 +54,13 @@ elif mode == "binary":
 elif mode == "heartbeat":
     beat(args[0])
 elif mode == "tree":
+    beats = [os.path.join(args[0], name) for name in ("child.hb", "daemon.hb")]
     if os.fork() == 0:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        beat(os.path.join(args[0], "child.hb"))
-    daemon(os.path.join(args[0], "daemon.hb"))
+        beat(beats[0])
+    daemon(beats[1])
+    while not all(map(os.path.exists, beats)):  # ready: both beat
+        time.sleep(0.005)
     out.write(b"ready\n")
     out.flush()
     open(os.path.join(args[0], "ready"), "wb").close()
