@@ -179,7 +179,7 @@ ROOT = Path(__file__).resolve().parent.parent
         pytest.param("docker", marks=pytest.mark.docker),
     ],
 )
-# Its own bound is the CLI's 300 s (below); beside CI's other suites the run took 48 to 68 s
+# Its own bound is the CLI's 300 s (below); beside CI's other suites the run took 48 to 70 s
 # (inspect_ai's import alone is seconds of CPU), pytest's 120 s guard too near to be safe.
 @pytest.mark.timeout(360)
 def test_inspect_eval_of_a_tool_using_task(tmp_path: Path, eval_backend: str) -> None:

@@ -340,8 +340,9 @@ def _read_all(path: Path) -> str:
 
 @pytest.mark.slow  # a sparse 64 GiB file, 20,000 files, tar bombs
 # 20,000 files made in the sandbox and 20,000 on the host: 0.3 ms each on this disk, 2.5 ms
-# while another process writes and syncs, as CI's other suites do (the call took 16 s alone,
-# 62 to 72 s beside a dd writing with fsync, two thirds of it the download of the 20,000).
+# while another process writes and syncs, as CI's other suites do (the call took 17 s beside
+# two CPU spinners, up to 72 s beside three and a dd writing with fsync, two thirds of it
+# the download of the 20,000; 20 to 47 s in CI).
 @pytest.mark.timeout(400)
 async def test_absurd_sizes_and_tar_bombs(target: Target, tmp_path: Path) -> None:
     """A sparse 64 GiB file, 20,000 files, 32 MiB of stdin, a 48 MiB write: bounded reads
