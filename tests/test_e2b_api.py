@@ -16,6 +16,8 @@ import pytest
 from asyncsandbox_remote._e2b._fs import Entry
 from asyncsandbox_remote._e2b._processes import Processes
 from asyncsandbox_remote._e2b._watch import EventType, Watchers
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
 from e2b import (
     AsyncSandbox,
     AuthenticationException,
@@ -444,6 +446,38 @@ async def test_a_commands_stdin_is_held_before_its_first_input(
                     ends.append(value.exit_code)
     assert output == b"first\nsecond\n"
     assert ends == [0]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the server's loop
+async def test_a_command_whose_stdin_cannot_be_held_is_not_started(
+    process_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the FIFO of a command's stdin cannot be held open, the start fails with a
+    reason (UNAVAILABLE) and the command never runs (its input would end early), leaving
+    no process listed. Here the FIFO is replaced by a directory before the holder opens
+    it, as a command of the sandbox could."""
+    hold = Processes._hold
+    async with (
+        Session("process", backend_options={"root": str(process_root)}) as session,
+        session.sandbox() as sandbox,
+        anyio.create_task_group() as tg,
+    ):
+
+        async def spoiled(self: Processes, fifo: str, *args: object, **kwargs: object) -> None:
+            await sandbox.exec(["sh", "-c", 'rm "$0" && mkdir "$0"', fifo])
+            await hold(self, fifo, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(Processes, "_hold", spoiled)
+        processes = Processes(sandbox, lambda: tg)
+        config = process_pb.ProcessConfig(cmd="touch", args=["/tmp/it-ran"])
+        with pytest.raises(ConnectError) as refused:
+            await processes.start(config, None, stdin=True)
+        assert refused.value.code == Code.UNAVAILABLE
+        assert "could not hold the command's stdin" in str(refused.value)
+        assert "Is a directory" in str(refused.value)  # the sandbox's own reason
+        assert processes.list() == []
+        ran = await sandbox.exec(["test", "-e", "/tmp/it-ran"])
+        assert ran.returncode == 1, "the command ran"
 
 
 def test_pty_sessions(sandbox: Sandbox) -> None:

@@ -199,36 +199,41 @@ class Processes:
         self._next_pid += 1
         proc = Proc(pid=pid, config=config, tag=tag)
         proc.scope.deadline = deadline
-        if pty is not None:
-            size = pty.size or process_pb.PTY.Size(cols=80, rows=24)
-            rows, cols = min(max(size.rows, 1), 1000), min(max(size.cols, 1), 1000)
-            proc.control = f"{FIFO_DIR}/.e2b-pty-{pid}-{secrets.token_hex(6)}"
-            await self._command(("mkfifo", "-m", "600", proc.control))
-            argv = (
-                "python3",
-                "-I",
-                "-S",
-                "-c",
-                PTY_RELAY,
-                str(rows),
-                str(cols),
-                proc.control,
-                *argv,
-            )
-            stdin = True
-        if stdin:
-            proc.fifo = f"{FIFO_DIR}/.e2b-stdin-{pid}-{secrets.token_hex(6)}"
-            await self._command(("mkfifo", "-m", "600", proc.fifo))
-            argv = ("sh", "-c", 'exec "$@" <"$0"', proc.fifo, *argv)
+        tg = self._task_group()
+        try:
+            if pty is not None:
+                size = pty.size or process_pb.PTY.Size(cols=80, rows=24)
+                rows, cols = min(max(size.rows, 1), 1000), min(max(size.cols, 1), 1000)
+                proc.control = f"{FIFO_DIR}/.e2b-pty-{pid}-{secrets.token_hex(6)}"
+                await self._command(("mkfifo", "-m", "600", proc.control))
+                argv = (
+                    "python3",
+                    "-I",
+                    "-S",
+                    "-c",
+                    PTY_RELAY,
+                    str(rows),
+                    str(cols),
+                    proc.control,
+                    *argv,
+                )
+                stdin = True
+            if stdin:
+                proc.fifo = f"{FIFO_DIR}/.e2b-stdin-{pid}-{secrets.token_hex(6)}"
+                await self._command(("mkfifo", "-m", "600", proc.fifo))
+                argv = ("sh", "-c", 'exec "$@" <"$0"', proc.fifo, *argv)
+                # Held before anything can write to it: a writer alone would give the
+                # command its input and then end of file.
+                proc.holder = anyio.CancelScope()
+                await tg.start(self._hold, proc.fifo, proc.holder)
+        except BaseException:
+            # Not started: nothing of it stays (its FIFOs, its holder).
+            with anyio.CancelScope(shield=True):
+                await self._release(proc)
+            raise
         events = proc.follow()
         self._procs[pid] = proc
         await proc.publish(_event("start", process_pb.ProcessEvent.StartEvent(pid=pid)))
-        tg = self._task_group()
-        if proc.fifo is not None:
-            # Held before anything can write to it: a writer alone would give the
-            # command its input and then end of file.
-            proc.holder = anyio.CancelScope()
-            await tg.start(self._hold, proc.fifo, proc.holder)
         await tg.start(self._run, proc, argv)
         return proc, events
 
@@ -250,21 +255,30 @@ class Processes:
     ) -> None:
         """Keep the FIFO open for writing until ``scope`` is cancelled (end of input);
         started once it is open. (Opened for reading too, which on Linux does not wait
-        for the command to open it.)"""
+        for the command to open it.) Raises :class:`ConnectError` (``UNAVAILABLE``) if it
+        cannot be held: the command is then not started, as its input would end early."""
         hold = 'exec 3<>"$0"; echo; exec sleep 2147483647'
-        started = False
+        held = False
         with scope:
             try:
                 async with self._sandbox.exec_stream(("sh", "-c", hold, fifo)) as stream:
-                    async for _ in stream:
-                        break
+                    async for chunk in stream:
+                        if chunk.stream == "stdout":  # its line: the FIFO is held
+                            held = True
+                            break
+                    if not held:
+                        ended = await stream.wait()
+                        why = ended.stderr_text.strip()[-300:] or f"exit status {ended.returncode}"
+                        raise _unheld(why)
                     task_status.started()
-                    started = True
                     await stream.wait()
             except SandboxError as exc:
-                log.debug("remote.e2b.stdin_holder_failed", error=str(exc))
-        if not started:  # (then the command's input may end early; it is told nothing)
-            task_status.started()
+                if not held:
+                    raise _unheld(f"{type(exc).__name__}: {exc}") from None
+                # (The sandbox ended under it: so does the command.)
+                log.debug("remote.e2b.stdin_holder_ended", error=str(exc))
+        if not held:  # cancelled before it held the FIFO (the start's caller was)
+            raise _unheld("cancelled")
 
     async def _run(
         self,
@@ -372,6 +386,13 @@ class Processes:
     async def kill_all(self) -> None:
         for proc in list(self._procs.values()):
             proc.scope.cancel()
+
+
+def _unheld(why: str) -> ConnectError:
+    return ConnectError(
+        Code.UNAVAILABLE,
+        f"the sandbox could not hold the command's stdin open, so it was not started: {why}",
+    )
 
 
 async def follow(
