@@ -499,3 +499,19 @@ def test_pty_sessions(sandbox: Sandbox) -> None:
     assert sandbox.pty.kill(other.pid) is True
     with pytest.raises(CommandExitException):
         other.wait()
+
+
+def test_a_pty_session_ends_with_its_shell_however_busy_its_terminal(sandbox: Sandbox) -> None:
+    """A PTY session ends when its shell exits, with the shell's exit code, even while
+    something the shell left running keeps writing to the terminal (the relay used to
+    look for the shell's end only once the terminal had been quiet for 0.2 s: here,
+    never, so the session ran to its timeout)."""
+    output: list[bytes] = []
+    terminal = sandbox.pty.create(PtySize(cols=80, rows=24), timeout=30)
+    sandbox.pty.send_stdin(
+        terminal.pid, b"(while :; do echo tick; sleep 0.05; done) & echo bye; exit 3\n"
+    )
+    with pytest.raises(CommandExitException) as ended:
+        terminal.wait(on_pty=output.append)
+    assert ended.value.exit_code == 3  # not -1: killed at its 30 s timeout
+    assert b"bye" in b"".join(output)

@@ -6,7 +6,8 @@ only, Python >= 3.6; never imported by the server): ARGV runs on a new pseudo-te
 ROWS x COLS as its controlling terminal; what it writes there comes out on our stdout,
 what comes in on our stdin (the session's input) goes to it. A line ``ROWS COLS`` in the
 FIFO CONTROL resizes the terminal (the kernel signals SIGWINCH to its foreground group).
-When ARGV exits we exit with its status (128+N after signal N).
+When ARGV exits we exit with its status (128+N after signal N), once what it wrote is read,
+however busy the terminal still is with what it left running.
 """
 
 import errno
@@ -14,9 +15,12 @@ import fcntl
 import os
 import pty
 import select
+import signal
 import struct
 import sys
 import termios
+
+LEFT = 1 << 20
 
 
 def resize(fd: int, rows: int, cols: int) -> None:
@@ -29,9 +33,24 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
 def main() -> None:
     rows, cols, control = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     argv = sys.argv[4:]
+    # Its end wakes us (SIGCHLD, through a pipe), however busy the terminal is: set up
+    # before it exists, so that no end comes before we listen.
+    ended, ended_w = os.pipe()  # (not inherited: both close on exec)
+    os.set_blocking(ended, False)
+    os.set_blocking(ended_w, False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    signal.set_wakeup_fd(ended_w)
     child, master = pty.fork()
     if child == 0:
         try:
@@ -43,17 +62,12 @@ def main() -> None:
     # Opened for reading and writing, so that it never reads end of file between writers.
     ctl = os.open(control, os.O_RDWR | os.O_NONBLOCK)
     pending = b""
-    sources = [master, 0, ctl]
+    sources = [master, 0, ctl, ended]
     status = None
-    while master in sources:
-        ready, _, _ = select.select(sources, [], [], 0.2)
+    while status is None and master in sources:
+        ready, _, _ = select.select(sources, [], [])
         if master in ready:
-            try:
-                data = os.read(master, 65536)
-            except OSError as exc:
-                if exc.errno != errno.EIO:  # EIO: the terminal's last user is gone
-                    raise
-                data = b""
+            data = read_terminal(master)
             if not data:
                 sources.remove(master)
             else:
@@ -71,18 +85,42 @@ def main() -> None:
                 size = line.split()
                 if len(size) == 2 and size[0].isdigit() and size[1].isdigit():
                     resize(master, int(size[0]), int(size[1]))
-        if not ready and status is None:
+        if ended in ready:
+            drain(ended)
             pid, waited = os.waitpid(child, os.WNOHANG)
             if pid:
-                # It ended; what it left behind may hold the terminal open: stop once
-                # what it wrote is read.
                 status = waited
-                sources = [s for s in sources if s == master]
     if status is None:
         _, status = os.waitpid(child, 0)
+    elif master in sources:
+        # It ended; what it left running may keep the terminal open and busy: what it
+        # wrote is what the terminal holds now (a read first passes on what the kernel
+        # still queues for it), and that is all we pass on (bounded: a terminal holds
+        # far less than LEFT, however fast what is left writes).
+        os.set_blocking(master, False)
+        left = LEFT
+        try:
+            while left > 0:
+                data = read_terminal(master)
+                if not data:
+                    break
+                write_all(1, data)
+                left -= len(data)
+        except BlockingIOError:
+            pass
     if os.WIFSIGNALED(status):
         sys.exit(128 + os.WTERMSIG(status))
     sys.exit(os.WEXITSTATUS(status))
+
+
+def read_terminal(master: int) -> bytes:
+    """What the terminal has (b"" at its end: EIO once its last user is gone)."""
+    try:
+        return os.read(master, 65536)
+    except OSError as exc:
+        if exc.errno != errno.EIO:
+            raise
+        return b""
 
 
 main()
