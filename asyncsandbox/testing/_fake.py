@@ -270,10 +270,12 @@ async def _probe(p: FakeProcess) -> int:
         return 2
     mode, args = p.argv[3], p.argv[4:]
 
-    def beat(path: str) -> Callable[[], Awaitable[None]]:
+    def beat(path: str, first: anyio.Event | None = None) -> Callable[[], Awaitable[None]]:
         async def run() -> None:
             while True:
                 p.write_file(path, b".", append=True)
+                if first is not None:
+                    first.set()
                 await anyio.sleep(0.02)
 
         return run
@@ -297,8 +299,11 @@ async def _probe(p: FakeProcess) -> int:
     elif mode == "heartbeat":
         await beat(args[0])()
     elif mode == "tree":
-        p.spawn(beat(posixpath.join(args[0], "child.hb")))
-        p.spawn(beat(posixpath.join(args[0], "daemon.hb")))
+        beating = [anyio.Event(), anyio.Event()]
+        for name, first in zip(("child.hb", "daemon.hb"), beating, strict=True):
+            p.spawn(beat(posixpath.join(args[0], name), first))
+        for first in beating:  # ready: both beat (as the real probe)
+            await first.wait()
         await p.write("stdout", b"ready\n")
         p.write_file(posixpath.join(args[0], "ready"), b"")
         await anyio.sleep(3600)
