@@ -25,7 +25,7 @@ from typing import Any, Self, TypeVar
 import anyio
 
 from . import _owner
-from ._config import Limits, RetryPolicy, SandboxDefaults, Timeouts
+from ._config import Limits, Resources, RetryPolicy, SandboxDefaults, Timeouts
 from ._errors import (
     BackendTimeout,
     ExecTimeout,
@@ -44,11 +44,17 @@ from ._models import ExecResult
 from ._registry import create_backend
 from ._retry import Retrier
 from ._util import current_async_library
-from .abc import Backend, CodeInterpreter, SandboxHandle, SandboxSpec
+from .abc import Backend, BackendCapabilities, CodeInterpreter, SandboxHandle, SandboxSpec
 
 T = TypeVar("T")
 
 RESOURCE_LIMITS = ("cpus", "memory_mb", "pids", "disk_mb")
+
+
+def unenforced_limits(resources: Resources, caps: BackendCapabilities) -> frozenset[str]:
+    """The limits ``resources`` asks for that a backend of ``caps`` does not enforce."""
+    wanted = {n for n in RESOURCE_LIMITS if getattr(resources, n) is not None}
+    return frozenset(wanted - caps.enforced_limits)
 
 
 class RuntimeState(enum.StrEnum):
@@ -173,8 +179,7 @@ class Runtime:
             )
         if config.from_snapshot is not None:
             self.check_capability("snapshots")
-        wanted = {n for n in RESOURCE_LIMITS if getattr(config.resources, n) is not None}
-        unenforced = frozenset(wanted - caps.enforced_limits)
+        unenforced = unenforced_limits(config.resources, caps)
         if unenforced and not caps.best_effort_limits:
             names = ", ".join(sorted(unenforced))
             raise InvalidArgument(

@@ -11,14 +11,16 @@ from __future__ import annotations
 import sys
 import uuid
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 import asyncsandbox
 
 from ._config import SandboxDefaults
 from ._errors import ExecTimeout, InfrastructureError
 from ._models import ExecResult
+from ._runtime import unenforced_limits
 from ._session import Session
+from .abc import Backend
 
 __all__ = (
     "Program",
@@ -104,13 +106,36 @@ def outcome_of(
     return Outcome(index, program, "fail", _last_line(result.stderr_text), result.duration)
 
 
-async def score(session: Session, index: int, program: Program, timeout: float) -> Outcome:
-    """Run one program in a fresh sandbox and turn what happened into a reward."""
+async def score(
+    session: Session, index: int, program: Program, timeout: float, **overrides: Any
+) -> Outcome:
+    """Run one program in a fresh sandbox (``overrides``: of the session's defaults, as
+    :meth:`Session.run` takes them) and turn what happened into a reward."""
     try:
-        result: ExecResult = await session.run(["python3", "-c", program.code], timeout=timeout)
+        result: ExecResult = await session.run(
+            ["python3", "-c", program.code], timeout=timeout, **overrides
+        )
     except (ExecTimeout, InfrastructureError) as exc:
         return outcome_of(index, program, timeout, exc)
     return outcome_of(index, program, timeout, result)
+
+
+def _enforceable(session: Session, out: TextIO) -> dict[str, Any]:
+    """The demo's sandboxes ask only for the limits the backend enforces here (as an
+    unprivileged user, the process backend has no cgroups: no memory or process limits),
+    saying so, rather than being refused them: the overrides of the session's defaults."""
+    caps = session.backend.capabilities
+    resources = session.defaults.resources
+    unenforced = sorted(unenforced_limits(resources, caps))
+    if not unenforced or caps.best_effort_limits:
+        return {}
+    print(
+        f"Note: the {session.backend.name} backend cannot enforce {', '.join(unenforced)} "
+        f"here ({caps.limits_note or 'it does not have them'}): the demo asks for no such "
+        "limit.\n",
+        file=out,
+    )
+    return {"resources": resources.replace(**dict.fromkeys(unenforced))}
 
 
 def progress_line(outcome: Outcome, done: int, total: int) -> str:
@@ -142,7 +167,7 @@ def summary_lines(outcomes: list[Outcome], rule: str) -> list[str]:
 
 
 async def run_demo(
-    backend: str = "process",
+    backend: str | Backend = "process",
     *,
     timeout: float = 3.0,
     backend_options: dict[str, object] | None = None,
@@ -152,18 +177,20 @@ async def run_demo(
     job = uuid.uuid4().hex[:8]
     defaults = SandboxDefaults(tags=("demo", f"job:{job}"))
     rule = "-" * 64
-    print(f"asyncsandbox demo: reward function (backend: {backend}, job: {job})", file=out)
+    name = backend if isinstance(backend, str) else backend.name
+    print(f"asyncsandbox demo: reward function (backend: {name}, job: {job})", file=out)
     print("=" * 64, file=out)
     print(
         f"Scoring {len(PROGRAMS)} programs in parallel sandboxes (timeout {timeout:g}s each)\n",
         file=out,
     )
-    print("Results as they complete:", file=out)
-    print(rule, file=out)
     outcomes: list[Outcome] = []
     async with Session(backend, backend_options=backend_options, defaults=defaults) as session:
+        overrides = _enforceable(session, out)
+        print("Results as they complete:", file=out)
+        print(rule, file=out)
         ops = [
-            session.submit(score(session, i, p, timeout), name=p.name)
+            session.submit(score(session, i, p, timeout, **overrides), name=p.name)
             for i, p in enumerate(PROGRAMS)
         ]
         async for op in asyncsandbox.as_completed(ops):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -12,7 +13,13 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgspec
 import pytest
+
+from asyncsandbox import Resources
+from asyncsandbox.abc import SandboxHandle, SandboxSpec
+from asyncsandbox.demo import run_demo
+from asyncsandbox.testing import FakeBackend, FakeProcess
 
 
 def cli(
@@ -72,6 +79,39 @@ def test_demo_runs_the_main_job(process_root: Path) -> None:
     progress = [line for line in out.splitlines() if line.strip().startswith("[")]
     assert "syntax-error" in progress[0] or "string-ops" in progress[0]
     assert "infinite-loop" in progress[-1]
+
+
+class _NoLimits(FakeBackend):
+    """A backend that enforces no limit and was not asked for best-effort ones (the process
+    backend of a user without root); it keeps what each sandbox asked for."""
+
+    def __init__(self) -> None:
+        super().__init__(commands={"python3": _exit_zero})
+        self._caps = msgspec.structs.replace(self._caps, best_effort_limits=False)
+        self.asked: list[Resources] = []
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        self.asked.append(spec.resources)
+        return await super().create(spec)
+
+
+async def _exit_zero(process: FakeProcess) -> int:
+    return 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_demo_asks_only_for_limits_the_backend_enforces() -> None:
+    """As a user without root (no cgroups), the demo ran none of its programs: every
+    sandbox asked for the default memory and process limits and was refused. It now asks
+    for no limit the backend cannot enforce here, and says so."""
+    backend = _NoLimits()
+    out = io.StringIO()
+    await run_demo(backend, out=out)
+    text = out.getvalue()
+    assert "cannot enforce memory_mb, pids here" in text, text
+    assert "6 started, 6 removed" in text, text
+    assert len(backend.asked) == 6
+    assert all(r.memory_mb is None and r.pids is None for r in backend.asked)
 
 
 def test_exec_passes_status_output_and_stdin(process_root: Path) -> None:
