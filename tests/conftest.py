@@ -3,6 +3,7 @@ tests/_support/."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,13 @@ from pathlib import Path
 import pytest
 
 from ._support import ALICE, Server, docker_test_image, new_process_root, require_docker, serving
+
+# An unprivileged user has no cgroups, so the process backend refuses the default limits
+# (memory_mb, pids) of every sandbox: as such a user, the tests run as one who chose
+# best-effort limits (warned of, not enforced). The refusal itself is tested where a test
+# asks for enforced limits by name (tests/test_process_limits.py).
+if os.geteuid() != 0:
+    os.environ.setdefault("ASYNCSANDBOX_PROCESS_LIMITS", "best-effort")
 
 
 @pytest.fixture(params=["asyncio", "trio"])

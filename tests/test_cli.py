@@ -127,7 +127,8 @@ def test_exec_passes_status_output_and_stdin(process_root: Path) -> None:
     )
     assert done.returncode == 3
     assert done.stdout == b"in\n"
-    assert done.stderr == b"err\n"
+    # (Without root, the warning that best-effort limits are not enforced comes first.)
+    assert done.stderr == b"err\n" or (os.geteuid() != 0 and done.stderr.endswith(b"\nerr\n"))
     timed = cli("exec", "--timeout", "0.5", "--", "sleep", "30", root=process_root)
     assert timed.returncode == 137
     assert b"timed out" in timed.stderr

@@ -114,10 +114,12 @@ def rng() -> random.Random:
 
 @pytest.fixture
 def canary() -> Iterator[Path]:
-    """A directory on the host, outside every sandbox and every sandbox's view (/root is
-    hidden from the process backend, absent in containers), holding a secret file. Tests
-    assert that its snapshot never changes and that the secret never shows up."""
-    directory = Path("/root") / f"asyncsandbox-canary-{uuid.uuid4().hex[:8]}"
+    """A directory on the host, outside every sandbox and every sandbox's view (/root, or
+    an unprivileged user's home, is hidden from the process backend, absent in
+    containers), holding a secret file. Tests assert that its snapshot never changes and
+    that the secret never shows up."""
+    home = Path("/root") if os.geteuid() == 0 else Path.home()
+    directory = home / f"asyncsandbox-canary-{uuid.uuid4().hex[:8]}"
     directory.mkdir(mode=0o700)
     (directory / "canary").write_text(CANARY_SECRET)
     before = _host.snapshot(directory)
