@@ -75,9 +75,11 @@ def test_demo_runs_the_main_job(process_root: Path) -> None:
     assert "Problem 5 (infinite-loop): reward=0.0 [TIMEOUT] OK" in out
     assert "Total reward: 3.0/6" in out
     assert "6 started, 6 removed" in out
-    # Results are printed as they complete: the quick failures before the slow passes.
+    # Results are printed as they complete: the program killed at its 10 s timeout last, the
+    # others (a few seconds at most) before it. (Which of those is first depends on how
+    # busy the machine is: CI once saw delayed-error's 2.5 s beat a syntax error's.)
     progress = [line for line in out.splitlines() if line.strip().startswith("[")]
-    assert "syntax-error" in progress[0] or "string-ops" in progress[0]
+    assert len(progress) == 6
     assert "infinite-loop" in progress[-1]
 
 
